@@ -1,0 +1,85 @@
+"""One nox session per concern; each package is tested in its own environment with only what it needs.
+
+    nox -s tests            every package's tests (core, theory, bench), each in its own venv
+    nox -s demo             the embedded-default main job (digits CNN, 2 bits / 50% non-zero)
+    nox -s lint typecheck   ruff and mypy
+    nox -s theory           the quick tier of the convergence study (-- --tier full for the long one)
+    nox -s bench            the default benchmark suite (-- --suite cifar10 for everything)
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "virtualenv"
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+TORCH = "torch==2.13.0"  # the CPU wheel on local disk; an unpinned torch pulls a multi-GB CUDA build
+TEST_TOOLS = ["pytest>=8", "hypothesis>=6.80"]
+CORE = "packages/sqs-core"
+THEORY = "packages/sqs-theory"
+BENCH = "packages/sqs-bench"
+
+
+def _install_core(session: nox.Session) -> None:
+    session.install(TORCH)
+    session.install("-e", CORE)
+
+
+def _pytest(session: nox.Session, path: str) -> None:
+    env = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
+    session.run("python", "-m", "pytest", path, *session.posargs, env=env)
+
+
+@nox.session(name="tests")
+@nox.parametrize("package", ["core", "theory", "bench"])
+def tests(session: nox.Session, package: str) -> None:
+    """Run one package's tests in an environment holding only that package's dependencies."""
+    _install_core(session)
+    session.install(*TEST_TOOLS)
+    if package == "theory":
+        session.install("-e", THEORY)
+    elif package == "bench":
+        session.install("-e", BENCH)
+    _pytest(session, f"tests/{package}")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job on an embedded default: a digits CNN compressed to 2 bits / 50% non-zero."""
+    _install_core(session)
+    session.install("scikit-learn>=1.3")
+    session.run("python", "examples/digits_demo.py", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", "packages", "tests", "examples", "noxfile.py")
+    session.run("ruff", "format", "--check", "packages", "tests", "examples", "noxfile.py")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    _install_core(session)
+    session.install("mypy>=1.8", "-e", THEORY, "-e", BENCH)
+    session.run("mypy", "packages/sqs-core/src", "packages/sqs-theory/src", "packages/sqs-bench/src")
+
+
+@nox.session
+def theory(session: nox.Session) -> None:
+    """Convergence study; quick tier by default, `-- --tier full` for the committed results."""
+    _install_core(session)
+    session.install("-e", THEORY)
+    session.run("python", "-m", "sqs_theory", "convergence", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks; the default suite is Table 1 for ResNet-20 with all four methods."""
+    _install_core(session)
+    session.install("-e", BENCH)
+    session.run("python", "-m", "sqs_bench", "run", *session.posargs)
