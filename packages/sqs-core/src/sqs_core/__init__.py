@@ -1,0 +1,43 @@
+"""sqs-core: Bayesian DNN compression through sparse quantized sub-distributions (SQS).
+
+A model is compressed in place with :func:`prepare_`, trained with the user's own loop and
+:class:`Objective`, and turned into sparse quantized weights with :func:`greedy_`, :func:`sample_` or
+:class:`BayesianAverage`. See README.md and docs/ for the method and the paper's equations.
+"""
+
+from .config import CONFIG_VERSION, GaussianPrior, SpikeSlabPrior, SQSConfig
+from .discrete import DiscretePosterior
+from .inference import BayesianAverage, discrete_posteriors, greedy_, sample_, variational_
+from .layers import LayerAdapter, SQSLayer, register_layer_type
+from .objective import Objective
+from .optim import param_groups
+from .posterior import SpikeGMMPosterior
+from .prepare import is_prepared, posteriors, prepare_, sqs_layers
+from .schedules import GateTemperatureSchedule, PruningSchedule
+
+__all__ = [
+    "CONFIG_VERSION",
+    "BayesianAverage",
+    "DiscretePosterior",
+    "GateTemperatureSchedule",
+    "GaussianPrior",
+    "LayerAdapter",
+    "Objective",
+    "PruningSchedule",
+    "SQSConfig",
+    "SQSLayer",
+    "SpikeGMMPosterior",
+    "SpikeSlabPrior",
+    "discrete_posteriors",
+    "greedy_",
+    "is_prepared",
+    "param_groups",
+    "posteriors",
+    "prepare_",
+    "register_layer_type",
+    "sample_",
+    "sqs_layers",
+    "variational_",
+]
+
+__version__ = "0.1.0"

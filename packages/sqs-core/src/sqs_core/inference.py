@@ -1,0 +1,144 @@
+"""Inference: greedy (eq. greedy), one posterior draw (eq. infer-theta), deterministic pruning by the
+Non-zero quantile of λ̂ (global by default), and Bayesian averaging of M draws (eq. infer-bam)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .discrete import DiscretePosterior
+from .prepare import posteriors, prepared_config, sqs_layers
+from .selection import keep_top_fraction
+
+__all__ = ["BayesianAverage", "discrete_posteriors", "greedy_", "sample_", "variational_"]
+
+
+@torch.no_grad()
+def discrete_posteriors(
+    model: nn.Module, *, nonzero: float | None = None, per_layer: bool = False
+) -> dict[str, DiscretePosterior]:
+    """The discrete inference distribution of every posterior, with pruning decided.
+
+    ``nonzero`` keeps that fraction of the highest λ̂ (the schedule's forced zeros count as λ̂ = 0);
+    None keeps every weight the pruning schedule left on.
+    """
+    prepared_config(model)
+    posts = posteriors(model)
+    if nonzero is None:
+        keep = {name: p.mask.clone() for name, p in posts.items()}
+    else:
+        scores = {name: p.effective_keep_probs() for name, p in posts.items()}
+        keep = keep_top_fraction(scores, nonzero, per_layer=per_layer)
+    out = {}
+    for name, p in posts.items():
+        alt_index, alt_probs = p.sampling_alternatives()
+        out[name] = DiscretePosterior(
+            shape=tuple(p.weight.shape),
+            codebook=p.means.detach().clone(),
+            window_ids=p.window_ids.reshape(-1),
+            greedy=p.greedy_levels().reshape(-1),
+            keep=keep[name].reshape(-1),
+            alt_index=alt_index,
+            alt_probs=alt_probs,
+        )
+    return out
+
+
+def _setters(model: nn.Module) -> dict[str, Callable[[torch.Tensor], None]]:
+    """For each posterior (by name), a function that fixes the weight of every layer sharing it."""
+    names = {id(p): name for name, p in posteriors(model).items()}
+    groups: dict[str, list] = {}
+    for layer in sqs_layers(model).values():
+        groups.setdefault(names[id(layer.posterior)], []).append(layer)
+
+    def make(layers):
+        def setter(weight: torch.Tensor) -> None:
+            for layer in layers:
+                layer.set_fixed_weight(weight)
+
+        return setter
+
+    return {name: make(layers) for name, layers in groups.items()}
+
+
+def greedy_(model: nn.Module, *, nonzero: float | None = None, per_layer: bool = False) -> nn.Module:
+    """Fix every SQS layer to its greedy sparse quantized weight μ_{k*} (eq. greedy); returns model."""
+    setters = _setters(model)
+    for name, d in discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer).items():
+        setters[name](d.weights())
+    return model
+
+
+def sample_(
+    model: nn.Module,
+    *,
+    nonzero: float | None = None,
+    generator: torch.Generator | None = None,
+    per_layer: bool = False,
+) -> nn.Module:
+    """Fix every SQS layer to one draw from the discrete posterior (eq. infer-theta); returns model."""
+    setters = _setters(model)
+    for name, d in discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer).items():
+        setters[name](d.weights(d.draw(generator)))
+    return model
+
+
+def variational_(model: nn.Module) -> nn.Module:
+    """Return every SQS layer to the variational (training) forward."""
+    prepared_config(model)
+    for layer in sqs_layers(model).values():
+        layer.set_variational()
+    return model
+
+
+class BayesianAverage(nn.Module):
+    """ŷ = (1/M) Σ_m f(x; θ̃^m) (eq. infer-bam) over M draws made once, at construction, from
+    ``generator`` (so every batch sees the same M models). ``average="probs"`` averages softmax
+    probabilities instead of raw outputs."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        samples: int = 4,
+        nonzero: float | None = None,
+        generator: torch.Generator | None = None,
+        per_layer: bool = False,
+        average: str = "outputs",
+    ) -> None:
+        super().__init__()
+        dists = discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer)
+        self._init(model, dists, _setters(model), samples, generator, average)
+
+    def _init(self, model, dists, setters, samples, generator, average) -> None:
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+            raise ValueError(f"samples (M) must be an int >= 1, got {samples!r}")
+        if average not in ("outputs", "probs"):
+            raise ValueError(f"average must be 'outputs' or 'probs', got {average!r}")
+        self.model = model
+        self.average = average
+        self._dists = dists
+        self._setters = setters
+        self.draws = [{name: d.draw(generator) for name, d in dists.items()} for _ in range(samples)]
+
+    @classmethod
+    def from_parts(cls, model, dists, setters, *, samples=4, generator=None, average="outputs"):
+        """Build from discrete posteriors and weight setters (used by ``sqs_core.load``)."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._init(model, dists, setters, samples, generator, average)
+        return self
+
+    @torch.no_grad()
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        total = None
+        for levels in self.draws:
+            for name, d in self._dists.items():
+                self._setters[name](d.weights(levels[name]))
+            out = self.model(*args, **kwargs)
+            if self.average == "probs":
+                out = torch.softmax(out, dim=-1)
+            total = out if total is None else total + out
+        return total / len(self.draws)

@@ -1,0 +1,122 @@
+"""SQS layers: a wrapper keeps the original module (``base_layer``) and computes its weight from the posterior.
+
+Modes:
+* ``variational`` (after ``prepare_``): training forward with θ^avg (plug-in, eq. approx_elbo) or, with
+  ``likelihood="moment_matched"`` in training mode, a local-reparameterisation sample of the output
+  (mean from θ^avg, variance from Var_q(θ̃)), an estimate of E_q[NLL] rather than the plug-in.
+  In eval mode the variational forward uses θ^avg without noise.
+* ``fixed``: a concrete sparse quantized weight (greedy or a posterior draw) set by sqs_core.inference.
+
+A registry maps module types to adapters (how to run the module with a given weight), so users can add
+their own layer types with :func:`register_layer_type`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .posterior import SpikeGMMPosterior
+
+__all__ = ["LayerAdapter", "SQSLayer", "adapter_for", "register_layer_type"]
+
+
+@dataclass(frozen=True)
+class LayerAdapter:
+    """``forward(base, x, weight)`` runs the module with ``weight`` (bias included);
+    ``forward_no_bias(base, x, weight)`` the same linear map without bias (for the variance path)."""
+
+    forward: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+    forward_no_bias: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _conv1d_hf(base: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+    """transformers' Conv1D: y = x W + b with W of shape (in, out)."""
+    out_shape = (*x.shape[:-1], weight.shape[1])
+    flat = x.reshape(-1, x.shape[-1])
+    y = flat @ weight if bias is None else torch.addmm(bias, flat, weight)
+    return y.reshape(out_shape)
+
+
+def _embedding(base: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.embedding(
+        x, weight, base.padding_idx, base.max_norm, base.norm_type, base.scale_grad_by_freq, base.sparse
+    )
+
+
+_REGISTRY: dict[type, LayerAdapter] = {
+    nn.Linear: LayerAdapter(
+        forward=lambda base, x, w: F.linear(x, w, base.bias),
+        forward_no_bias=lambda base, x, w: F.linear(x, w),
+    ),
+    nn.Embedding: LayerAdapter(forward=_embedding, forward_no_bias=_embedding),
+}
+for _conv in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
+    _REGISTRY[_conv] = LayerAdapter(
+        forward=lambda base, x, w: base._conv_forward(x, w, base.bias),
+        forward_no_bias=lambda base, x, w: base._conv_forward(x, w, None),
+    )
+_HF_CONV1D = LayerAdapter(
+    forward=lambda base, x, w: _conv1d_hf(base, x, w, base.bias),
+    forward_no_bias=lambda base, x, w: _conv1d_hf(base, x, w, None),
+)
+
+
+def register_layer_type(layer_type: type, adapter: LayerAdapter) -> None:
+    """Make modules of ``layer_type`` (with a ``weight`` parameter) eligible for ``prepare_``."""
+    if not isinstance(layer_type, type) or not issubclass(layer_type, nn.Module):
+        raise ValueError(f"layer_type must be an nn.Module subclass, got {layer_type!r}")
+    _REGISTRY[layer_type] = adapter
+
+
+def adapter_for(module: nn.Module) -> LayerAdapter | None:
+    """The adapter for ``module``'s type, or None if SQS does not know how to compress it."""
+    if isinstance(module, SQSLayer):
+        return None
+    for cls in type(module).__mro__:
+        if cls in _REGISTRY:
+            return _REGISTRY[cls]
+    # transformers.pytorch_utils.Conv1D, recognised without importing transformers.
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "weight"):
+        return _HF_CONV1D
+    return None
+
+
+class SQSLayer(nn.Module):
+    """Wraps ``base_layer``; its weight comes from ``posterior`` (shared between tied layers)."""
+
+    def __init__(self, base_layer: nn.Module, posterior: SpikeGMMPosterior, adapter: LayerAdapter) -> None:
+        super().__init__()
+        self.base_layer = base_layer
+        self.posterior = posterior
+        self.adapter = adapter
+        self.mode = "variational"
+        self.register_buffer("fixed_weight", None, persistent=False)
+
+    def set_fixed_weight(self, weight: torch.Tensor) -> None:
+        """Switch to the ``fixed`` mode with a concrete (sparse, quantized) weight."""
+        self.fixed_weight = weight.detach()
+        self.mode = "fixed"
+
+    def set_variational(self) -> None:
+        self.fixed_weight = None
+        self.mode = "variational"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "fixed":
+            return self.adapter.forward(self.base_layer, x, self.fixed_weight)
+        moment_matched = self.training and self.posterior.config.likelihood == "moment_matched"
+        mean, var = self.posterior.moments(second=moment_matched)
+        out = self.adapter.forward(self.base_layer, x, mean)
+        if not moment_matched:
+            return out
+        out_var = self.adapter.forward_no_bias(self.base_layer, x * x, var)
+        return out + torch.sqrt(out_var.clamp_min(1e-12)) * torch.randn_like(out)
+
+    def extra_repr(self) -> str:
+        p = self.posterior
+        return f"mode={self.mode}, K={p.num_components}, windows={p.num_windows}"

@@ -1,0 +1,213 @@
+"""The spike-and-GMM variational posterior of one weight tensor (eq. marginal_vb).
+
+    q(θ̃_i) = λ̃_i Σ_k φ_k(θ_i) N(μ_k, σ_k²) + (1 − λ̃_i) δ_0,   λ̃_i = sigmoid(s̃_i / τ')
+
+θ (``weight``) is the fixed pretrained tensor (a buffer; a parameter with ``train_weight``). Each window
+w has its own K components: ``means`` μ, ``log_stds`` log σ and ``mixing_logits`` (π = softmax) of
+shape (W, K). ``gate_logits`` s̃ has θ's shape. ``mask`` is the pruning schedule's hard mask: a weight
+with mask 0 has λ̃ = 0 in the forward pass and in the KL (it is pruned).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .chunked import PosteriorSpec, gate_kl, posterior_moments, responsibility_blocks
+from .config import SQSConfig
+from .kmeans import kmeans_1d
+from .mixture import gaussian_kl
+from .windows import assign_windows
+
+__all__ = ["SAMPLING_FLOOR", "SpikeGMMPosterior"]
+
+# Responsibilities below this are treated as exactly zero by the discrete inference distribution
+# (eq. infer-theta), so a weight is "one-hot" when only one φ_k reaches it. The artifact stores the
+# alternatives of the other weights with the same rule, so sampling from a file and from memory agree.
+SAMPLING_FLOOR = 1e-3
+
+
+class SpikeGMMPosterior(nn.Module):
+    """Parameters and closed forms of q for one weight tensor; see the module docstring."""
+
+    def __init__(self, weight: torch.Tensor, config: SQSConfig, *, generator: torch.Generator) -> None:
+        super().__init__()
+        theta = weight.detach()
+        window_ids, edges = assign_windows(theta, config.windows)
+        num_windows = int(window_ids.max()) + 1
+        k = config.num_components
+        inits = [
+            kmeans_1d(theta[window_ids == w], k, iterations=config.kmeans_iterations, generator=generator)
+            for w in range(num_windows)
+        ]
+        dev, dtype = theta.device, theta.dtype if theta.is_floating_point() else torch.float32
+        self.means = nn.Parameter(torch.stack([i.means for i in inits]).to(dev, dtype))
+        self.log_stds = nn.Parameter(torch.stack([i.stds for i in inits]).log().to(dev, dtype))
+        self.mixing_logits = nn.Parameter(torch.stack([i.mixing for i in inits]).log().to(dev, dtype))
+        self.gate_logits = nn.Parameter(_initial_gate_logits(theta, config).to(dtype))
+        if config.train_weight:
+            self.weight = nn.Parameter(theta)
+        else:
+            self.register_buffer("weight", theta)
+        self.register_buffer("window_ids", window_ids.to(dev))
+        self.register_buffer("window_edges", edges.to(dev, dtype))
+        self.register_buffer("mask", torch.ones(theta.shape, dtype=torch.bool, device=dev))
+        self.register_buffer("gate_temperature", torch.tensor(float(config.gate_temperature)))
+        self.config = config
+        self._kstar: torch.Tensor | None = None
+
+    # -- shapes and simple closed forms ---------------------------------------------------------
+    @property
+    def num_windows(self) -> int:
+        return int(self.means.shape[0])
+
+    @property
+    def num_components(self) -> int:
+        return int(self.means.shape[1])
+
+    def spec(self) -> PosteriorSpec:
+        prior = self.config.prior
+        spike_var = prior.slab_std**2 if prior.kind == "gaussian" else 0.0
+        return PosteriorSpec(
+            kind=self.config.responsibility,
+            temperature=self.config.temperature,
+            gate_temperature=float(self.gate_temperature),
+            spike_variance=spike_var,
+        )
+
+    def keep_probs(self) -> torch.Tensor:
+        """λ̃ = sigmoid(s̃ / τ') (eq. lambda-prime), differentiable, θ's shape."""
+        return torch.sigmoid(self.gate_logits / self.gate_temperature)
+
+    @torch.no_grad()
+    def effective_keep_probs(self) -> torch.Tensor:
+        """λ̂ used for pruning at inference: λ̃ with the schedule's forced zeros."""
+        return self.keep_probs() * self.mask
+
+    def component_kl(self) -> torch.Tensor:
+        """KL(N(μ_wk, σ_wk²) ‖ N(0, σ_0²)) per window and component, (W, K), differentiable."""
+        return gaussian_kl(self.means, self.log_stds, self.config.prior.slab_std)
+
+    # -- the training forward ---------------------------------------------------------------------
+    def moments(self, *, second: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """θ^avg = λ̃ Σ_k φ_k μ_k (θ's shape) and, with ``second``, Var_q(θ̃) for the moment-matched
+        likelihood. Memory-lean (chunked, recomputed in backward); caches k* for :meth:`kl`."""
+        mean, var, kstar = posterior_moments(
+            self.weight.reshape(-1),
+            self.gate_logits.reshape(-1),
+            self.means,
+            self.log_stds,
+            self.mixing_logits,
+            self.mask.reshape(-1),
+            self.window_ids.reshape(-1),
+            self.spec(),
+            second,
+        )
+        self._kstar = kstar
+        shape = self.weight.shape
+        return mean.reshape(shape), (var.reshape(shape) if second else None)
+
+    def posterior_mean(self) -> torch.Tensor:
+        """θ^avg (Section "Training Procedure"): the weight of the plug-in training forward."""
+        return self.moments()[0]
+
+    def kl(self) -> torch.Tensor:
+        """Σ_i KL(Bern(λ̃_i)‖Bern(λ)) + Σ_i λ̃_i KL(N(μ_k*, σ_k*²)‖N(0, σ_0²)) (eq. approx_elbo)."""
+        kstar = self._kstar
+        if kstar is None or kstar.numel() != self.weight.numel():
+            kstar = self.greedy_levels().reshape(-1)
+        prior = self.config.prior
+        keep = prior.keep_prob if prior.kind == "spike_slab" else None
+        return gate_kl(
+            self.gate_logits.reshape(-1),
+            self.component_kl(),
+            self.mask.reshape(-1),
+            self.window_ids.reshape(-1),
+            kstar,
+            float(self.gate_temperature),
+            keep,
+        )
+
+    # -- inference ----------------------------------------------------------------------------------
+    def _blocks(self):
+        return responsibility_blocks(
+            self.weight.detach().reshape(-1),
+            self.window_ids.reshape(-1),
+            self.means.detach(),
+            self.log_stds.detach(),
+            self.mixing_logits.detach(),
+            self.config.responsibility,
+            self.config.temperature,
+        )
+
+    @torch.no_grad()
+    def responsibilities(self) -> torch.Tensor:
+        """φ (T, K) in flat weight order. Materialises T·K numbers: for inspection and tests."""
+        out = torch.empty(self.weight.numel(), self.num_components, dtype=self.means.dtype, device=self.weight.device)
+        for a, b, sel, _w, log_phi in self._blocks():
+            _scatter(out, a, b, sel, log_phi.exp())
+        return out
+
+    @torch.no_grad()
+    def greedy_levels(self) -> torch.Tensor:
+        """k*_i = argmax_k φ_k(θ_i) (eq. greedy), uint8, θ's shape."""
+        out = torch.empty(self.weight.numel(), dtype=torch.uint8, device=self.weight.device)
+        for a, b, sel, _w, log_phi in self._blocks():
+            _scatter(out, a, b, sel, log_phi.argmax(-1).to(torch.uint8))
+        return out.reshape(self.weight.shape)
+
+    @torch.no_grad()
+    def sampling_alternatives(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weights whose inference distribution is not one-hot: (flat index (n,), probs (n, K)).
+
+        probs are φ with entries below :data:`SAMPLING_FLOOR` zeroed, rounded to float16 (the precision
+        the artifact stores), as float32; rows are not renormalised (sampling normalises by the sum).
+        """
+        index, rows = [], []
+        for a, b, sel, _w, log_phi in self._blocks():
+            probs = sampling_probs(log_phi.exp())
+            uncertain = (probs > 0).sum(-1) >= 2
+            local = uncertain.nonzero().squeeze(1)
+            if local.numel():
+                flat = (local if sel is None else sel[local]) + a
+                index.append(flat)
+                rows.append(probs[local])
+        k = self.num_components
+        if not index:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, k)
+        return torch.cat(index), torch.cat(rows)
+
+    @torch.no_grad()
+    def level_values(self, levels: torch.Tensor) -> torch.Tensor:
+        """μ_{w_i, levels_i} for a level tensor of θ's shape."""
+        k = self.num_components
+        flat = self.window_ids.reshape(-1).long() * k + levels.reshape(-1).long()
+        return self.means.detach().reshape(-1)[flat].reshape(self.weight.shape)
+
+
+def sampling_probs(phi: torch.Tensor) -> torch.Tensor:
+    """The discrete inference distribution's (unnormalised) probabilities from φ (see SAMPLING_FLOOR)."""
+    return torch.where(phi >= SAMPLING_FLOOR, phi, torch.zeros_like(phi)).half().float()
+
+
+def _scatter(out: torch.Tensor, a: int, b: int, sel, values: torch.Tensor) -> None:
+    if sel is None:
+        out[a:b] = values
+    else:
+        out[a:b].index_copy_(0, sel, values)
+
+
+def _initial_gate_logits(theta: torch.Tensor, config: SQSConfig) -> torch.Tensor:
+    """s̃ at initialisation, in units of τ' (λ̃ = sigmoid(s̃/τ')); see SQSConfig.gate_init."""
+    top = math.log(config.initial_keep_prob) - math.log1p(-config.initial_keep_prob)
+    if config.gate_init == "constant" or config.gate_init_spread == 0:
+        scaled = torch.full(theta.shape, top, dtype=torch.float32, device=theta.device)
+    else:
+        flat = theta.detach().reshape(-1).abs().float()
+        ranks = torch.empty_like(flat)
+        ranks[torch.argsort(flat, stable=True)] = torch.arange(flat.numel(), dtype=flat.dtype)
+        fraction = ranks / max(flat.numel() - 1, 1)  # 0 for the smallest |θ|, 1 for the largest
+        scaled = (top - config.gate_init_spread * (1 - fraction)).reshape(theta.shape)
+    return scaled * config.gate_temperature

@@ -1,0 +1,135 @@
+"""``prepare_``: swap every eligible layer of a model, in place, for an :class:`SQSLayer`.
+
+Works on nested models (the module tree is walked, every reference to an eligible module is replaced,
+including a module used at several places) and on tied weights (modules sharing one weight Parameter
+share one posterior, so they stay tied).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import torch
+from torch import nn
+
+from .config import SQSConfig
+from .layers import SQSLayer, adapter_for
+from .posterior import SpikeGMMPosterior
+
+__all__ = ["is_prepared", "posteriors", "prepare_", "sqs_layers"]
+
+log = logging.getLogger(__name__)
+_MARK = "_sqs_config"
+
+
+def is_prepared(model: nn.Module) -> bool:
+    return getattr(model, _MARK, None) is not None
+
+
+def sqs_layers(model: nn.Module) -> dict[str, SQSLayer]:
+    """Every :class:`SQSLayer` of ``model`` by qualified name (a shared layer appears once)."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, SQSLayer)}
+
+
+def posteriors(model: nn.Module) -> dict[str, SpikeGMMPosterior]:
+    """The distinct posteriors of ``model`` (tied layers share one), keyed by their first layer's name."""
+    out: dict[str, SpikeGMMPosterior] = {}
+    seen: set[int] = set()
+    for name, layer in sqs_layers(model).items():
+        if id(layer.posterior) not in seen:
+            seen.add(id(layer.posterior))
+            out[name] = layer.posterior
+    return out
+
+
+def _references(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, str]]]:
+    """id(module) -> every (parent, attribute, qualified name) that refers to it, in traversal order."""
+    refs: dict[int, list[tuple[nn.Module, str, str]]] = {}
+    for parent_name, parent in model.named_modules(remove_duplicate=False):
+        for attr, child in parent._modules.items():
+            if child is not None:
+                name = f"{parent_name}.{attr}" if parent_name else attr
+                refs.setdefault(id(child), []).append((parent, attr, name))
+    return refs
+
+
+def _select(model: nn.Module, config: SQSConfig):
+    """(canonical name, module, layer config) of every layer to compress; validates the patterns."""
+    refs = _references(model)
+    eligible: list[tuple[str, nn.Module]] = []
+    seen: set[int] = set()
+    for _, module in model.named_modules(remove_duplicate=False):
+        if id(module) in seen or module is model or adapter_for(module) is None:
+            continue
+        if not isinstance(getattr(module, "weight", None), torch.Tensor):
+            continue
+        seen.add(id(module))
+        eligible.append((refs[id(module)][0][2], module))
+    if not eligible:
+        raise ValueError(f"model {type(model).__name__} has no layer SQS can compress (Linear, Conv, ...)")
+    names = [n for n, _ in eligible]
+    for kind, patterns in (("include", config.include), ("exclude", config.exclude)):
+        for p in patterns:
+            if not any(re.search(p, n) for n in names):
+                raise ValueError(f"{kind} pattern {p!r} names no eligible layer; eligible: {names}")
+    for p in config.overrides:
+        if not any(re.search(p, n) for n in names):
+            raise ValueError(f"override pattern {p!r} names no eligible layer; eligible: {names}")
+    chosen = []
+    for name, module in eligible:
+        if config.include and not any(re.search(p, name) for p in config.include):
+            continue
+        if any(re.search(p, name) for p in config.exclude):
+            continue
+        layer_config = config.for_layer(name)
+        if layer_config is not None:
+            chosen.append((name, module, layer_config))
+    if not chosen:
+        raise ValueError(f"include/exclude/overrides leave no layer to compress; eligible: {names}")
+    return chosen, refs
+
+
+def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
+    """Swap the eligible layers of ``model`` in place for SQS layers; returns ``model``.
+
+    Fails (changing nothing) if the model was already prepared, has no eligible layer, a pattern
+    names no layer, or a weight to compress holds NaN/inf.
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"prepare_ needs a torch.nn.Module, got {type(model).__name__}")
+    if is_prepared(model) or any(isinstance(m, SQSLayer) for m in model.modules()):
+        raise ValueError("model is already prepared for SQS (prepare_ was called twice)")
+    config = config if config is not None else SQSConfig()
+    chosen, refs = _select(model, config)
+    for name, module, _ in chosen:
+        weight = module.weight
+        if not weight.is_floating_point() or not torch.isfinite(weight).all():
+            raise ValueError(f"layer {name!r} has a NaN or infinite weight (or a non-float dtype); fix it first")
+    generator = torch.Generator().manual_seed(config.seed)
+    shared: dict[int, SpikeGMMPosterior] = {}
+    wrappers: list[tuple[nn.Module, SQSLayer]] = []
+    for name, module, layer_config in chosen:
+        weight = module.weight
+        posterior = shared.get(id(weight))
+        if posterior is None:
+            posterior = SpikeGMMPosterior(weight, layer_config, generator=generator)
+            shared[id(weight)] = posterior
+        wrappers.append((module, SQSLayer(module, posterior, adapter_for(module))))
+    for module, wrapper in wrappers:  # mutate only once everything above succeeded
+        del module._parameters["weight"]
+        module.register_parameter("weight", None)
+        for parent, attr, _ in refs[id(module)]:
+            parent._modules[attr] = wrapper
+    setattr(model, _MARK, config)
+    total = sum(p.weight.numel() for p in shared.values())
+    log.info("SQS prepared %d layers (%d posteriors, %d weights)", len(wrappers), len(shared), total)
+    return model
+
+
+def prepared_config(model: nn.Module) -> SQSConfig:
+    """The config ``prepare_`` used; raises a clear error for a model that was not prepared."""
+    config = getattr(model, _MARK, None)
+    if config is None or not sqs_layers(model):
+        raise ValueError("model was not prepared for SQS: call sqs_core.prepare_(model, config) first")
+    return config

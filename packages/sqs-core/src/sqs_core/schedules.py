@@ -1,0 +1,111 @@
+"""Training schedules of Appendix "Implementation of SQS".
+
+* :class:`PruningSchedule` — the polynomial (cubic) schedule of Zhu & Gupta (2017): the fraction of
+  gates forced to zero ramps as  p_t = p_f · (1 − (1 − progress)³),  progress = (t − t_0)/(t_1 − t_0)
+  clipped to [0, 1]; at each update the lowest-λ̃ fraction p_t of all gates (global across layers by
+  default) gets mask 0, i.e. λ̃ = 0 in the forward pass and the KL. Masks are recomputed from the raw
+  λ̃ at every update, so a pruned weight can return if others fall below it; after t_1 the mask is the
+  target's. Starting the ramp after a warm-up (``start_fraction``) lets the gates learn first.
+* :class:`GateTemperatureSchedule` — τ' is halved after half of the steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from .prepare import posteriors, prepared_config
+from .selection import check_nonzero, keep_top_fraction
+
+__all__ = ["GateTemperatureSchedule", "PruningSchedule"]
+
+
+def _check_steps(total_steps: int) -> int:
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0:
+        raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")
+    return total_steps
+
+
+def _check_fraction(name: str, value: float) -> float:
+    if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
+    return float(value)
+
+
+class PruningSchedule:
+    """Cubic ramp of the forced-zero gates to ``1 − target_nonzero``; call ``step(t)`` every step."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        target_nonzero: float,
+        total_steps: int,
+        start_fraction: float = 0.0,
+        end_fraction: float = 0.75,
+        update_every: int = 1,
+        per_layer: bool = False,
+    ) -> None:
+        prepared_config(model)
+        self.target_nonzero = check_nonzero(target_nonzero)
+        self.total_steps = _check_steps(total_steps)
+        self.start = _check_fraction("start_fraction", start_fraction) * total_steps
+        self.end = _check_fraction("end_fraction", end_fraction) * total_steps
+        if self.end < self.start:
+            raise ValueError(f"end_fraction ({end_fraction}) must be >= start_fraction ({start_fraction})")
+        if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
+            raise ValueError(f"update_every must be an int >= 1, got {update_every!r}")
+        self.update_every = update_every
+        self.per_layer = per_layer
+        self.model = model
+        self.current_nonzero = 1.0
+
+    def nonzero_at(self, step: int) -> float:
+        """The non-zero rate the schedule asks for at ``step``."""
+        if step < self.start:
+            return 1.0
+        span = self.end - self.start
+        progress = 1.0 if span == 0 else min(1.0, (step - self.start) / span)
+        pruned = (1.0 - self.target_nonzero) * (1.0 - (1.0 - progress) ** 3)
+        return 1.0 - pruned
+
+    def step(self, step: int) -> float:
+        """Update the masks (every ``update_every`` steps and at the end); returns the current rate."""
+        nonzero = self.nonzero_at(step)
+        final = step >= self.end
+        if step % self.update_every != 0 and not (final and not math.isclose(nonzero, self.current_nonzero)):
+            return self.current_nonzero
+        posts = posteriors(self.model)
+        if nonzero >= 1.0:
+            for p in posts.values():
+                p.mask.fill_(True)
+        else:
+            scores = {name: p.keep_probs().detach() for name, p in posts.items()}
+            masks = keep_top_fraction(scores, nonzero, per_layer=self.per_layer)
+            for name, p in posts.items():
+                p.mask.copy_(masks[name])
+        self.current_nonzero = nonzero
+        return nonzero
+
+
+class GateTemperatureSchedule:
+    """τ' ← τ'_0 · ``factor`` once ``step`` ≥ ``at_fraction`` · total_steps (paper: factor ½ at half)."""
+
+    def __init__(
+        self, model: nn.Module, *, total_steps: int, factor: float = 0.5, at_fraction: float = 0.5
+    ) -> None:
+        prepared_config(model)
+        self.total_steps = _check_steps(total_steps)
+        if not 0.0 < factor <= 1.0:
+            raise ValueError(f"factor must lie in (0, 1], got {factor!r}")
+        self.at = _check_fraction("at_fraction", at_fraction) * total_steps
+        self.factor = factor
+        self.posteriors = list(posteriors(model).values())
+        self.initial = [float(p.gate_temperature) for p in self.posteriors]
+
+    def step(self, step: int) -> float:
+        scale = self.factor if step >= self.at else 1.0
+        for p, tau0 in zip(self.posteriors, self.initial, strict=True):
+            p.gate_temperature.fill_(tau0 * scale)
+        return scale

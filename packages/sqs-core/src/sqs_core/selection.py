@@ -1,0 +1,49 @@
+"""Exact top-fraction selection, shared by the pruning schedule and inference (eq. for Non-zero)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_nonzero", "keep_top_fraction"]
+
+
+def check_nonzero(nonzero: float) -> float:
+    if isinstance(nonzero, bool) or not isinstance(nonzero, (int, float)) or not 0.0 < nonzero <= 1.0:
+        raise ValueError(f"nonzero must lie in (0, 1], got {nonzero!r}")
+    return float(nonzero)
+
+
+def _keep_top(scores: torch.Tensor, n_keep: int) -> torch.Tensor:
+    """Bool mask keeping exactly ``n_keep`` highest scores; ties broken by flat position (first wins)."""
+    total = scores.numel()
+    if n_keep >= total:
+        return torch.ones(total, dtype=torch.bool, device=scores.device)
+    threshold = scores.kthvalue(total - n_keep).values
+    above = scores > threshold
+    ties = scores == threshold
+    need = n_keep - int(above.sum())
+    return above | (ties & (torch.cumsum(ties, 0) <= need))
+
+
+def keep_top_fraction(
+    scores: dict[str, torch.Tensor], nonzero: float, *, per_layer: bool = False
+) -> dict[str, torch.Tensor]:
+    """Masks keeping the ``nonzero`` fraction of highest scores: globally over all tensors (default) or
+    within each tensor. Scores below the Non-zero quantile are pruned; the kept count is
+    round(nonzero · T) exactly (at least one weight)."""
+    nonzero = check_nonzero(nonzero)
+    if per_layer:
+        out = {}
+        for name, s in scores.items():
+            flat = s.detach().reshape(-1).float()
+            n_keep = max(1, round(nonzero * flat.numel()))
+            out[name] = _keep_top(flat, n_keep).reshape(s.shape)
+        return out
+    flats = [s.detach().reshape(-1).float() for s in scores.values()]
+    cat = torch.cat(flats)
+    mask = _keep_top(cat, max(1, round(nonzero * cat.numel())))
+    out, start = {}, 0
+    for (name, s), flat in zip(scores.items(), flats, strict=True):
+        out[name] = mask[start : start + flat.numel()].reshape(s.shape)
+        start += flat.numel()
+    return out

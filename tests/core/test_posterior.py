@@ -1,0 +1,107 @@
+"""The chunked posterior (forward and recomputed backward) against a plain autograd reference."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sqs_core as sqs
+from sqs_core import chunked
+from sqs_core.mixture import bernoulli_kl, component_log_density, gaussian_kl, log_responsibilities
+from sqs_core.posterior import SpikeGMMPosterior
+
+
+def _posterior(shape=(24, 17), k=4, windows="outlier", seed=0, **kw):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(*shape, generator=g) * 0.1
+    w.view(-1)[:3] = torch.tensor([2.0, -1.5, 1.2])  # outliers, so the tail windows exist
+    config = sqs.SQSConfig(num_components=k, windows=windows, **kw)
+    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(seed)).double()
+    with torch.no_grad():  # spread the gates and parameters away from their init
+        p.gate_logits.add_(torch.randn(p.gate_logits.shape, generator=g, dtype=torch.float64) * 0.02)
+        p.log_stds.add_(0.5)
+        p.mask.view(-1)[::5] = False
+    return p
+
+
+def _reference(p, second):
+    """Every quantity with plain autograd over (T, K) tensors."""
+    th = p.weight.reshape(-1)
+    wid = p.window_ids.reshape(-1).long()
+    log_mix = F.log_softmax(p.mixing_logits, -1)
+    q = log_mix[wid] - p.log_stds[wid] - 0.5 * math.log(2 * math.pi)
+    q = q - 0.5 * ((th[:, None] - p.means[wid]) * torch.exp(-p.log_stds[wid])) ** 2
+    phi = log_responsibilities(q, p.config.responsibility, p.config.temperature).exp()
+    lam = torch.sigmoid(p.gate_logits.reshape(-1) / p.gate_temperature) * p.mask.reshape(-1)
+    m = (phi * p.means[wid]).sum(-1)
+    s = (phi * (p.means[wid] ** 2 + torch.exp(2 * p.log_stds[wid]))).sum(-1)
+    var = lam * s - (lam * m) ** 2 + (1 - lam) * p.spec().spike_variance
+    return lam * m, var, phi
+
+
+@pytest.mark.parametrize("kind", ["paper", "standard"])
+@pytest.mark.parametrize("windows", ["none", "outlier"])
+@pytest.mark.parametrize("second", [False, True])
+@pytest.mark.parametrize("train_weight", [False, True])
+def test_chunked_forward_and_backward_match_autograd(monkeypatch, kind, windows, second, train_weight):
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 64)  # many chunks, windows split inside chunks
+    p = _posterior(windows=windows, responsibility=kind, temperature=0.05, train_weight=train_weight)
+    mean, var = p.moments(second=second)
+    ref_mean, ref_var, _ = _reference(p, second)
+    assert torch.allclose(mean.reshape(-1), ref_mean, atol=1e-10)
+    g1 = torch.randn_like(mean)
+    g2 = torch.randn_like(mean)
+    params = [p.means, p.log_stds, p.mixing_logits, p.gate_logits] + ([p.weight] if train_weight else [])
+    out = (mean * g1).sum() + ((var * g2).sum() if second else 0)
+    ref = (ref_mean.reshape(mean.shape) * g1).sum() + ((ref_var.reshape(mean.shape) * g2).sum() if second else 0)
+    if second:
+        assert torch.allclose(var.reshape(-1), ref_var.clamp_min(0), atol=1e-10)
+    for a, b in zip(torch.autograd.grad(out, params), torch.autograd.grad(ref, params), strict=True):
+        assert torch.allclose(a, b, atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("gaussian", [False, True])
+def test_gate_kl_value_and_gradients_match_autograd(monkeypatch, gaussian):
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 50)
+    prior = sqs.GaussianPrior(slab_std=0.7) if gaussian else sqs.SpikeSlabPrior(keep_prob=0.3, slab_std=0.7)
+    p = _posterior(prior=prior, temperature=0.05)
+    p.moments()
+    kl = p.kl()
+    _, _, phi = _reference(p, False)
+    kstar = phi.argmax(-1)
+    wid = p.window_ids.reshape(-1).long()
+    scaled = p.gate_logits.reshape(-1) / p.gate_temperature
+    on = p.mask.reshape(-1)
+    lam = torch.sigmoid(scaled) * on
+    comp = gaussian_kl(p.means, p.log_stds, 0.7)[wid, kstar]
+    ref = (lam * comp).sum()
+    if not gaussian:
+        ref = ref + torch.where(on, bernoulli_kl(scaled, 0.3), torch.full_like(scaled, -math.log(0.7))).sum()
+    assert torch.allclose(kl, ref, rtol=1e-9)
+    params = [p.gate_logits, p.means, p.log_stds]
+    for a, b in zip(torch.autograd.grad(kl, params), torch.autograd.grad(ref, params), strict=True):
+        assert torch.allclose(a, b, atol=1e-9, rtol=1e-6)
+
+
+@settings(max_examples=15)
+@given(seed=st.integers(0, 1000), k=st.integers(2, 6))
+def test_posterior_mean_limits(seed, k):
+    p = _posterior(seed=seed, k=k, temperature=1e-6, responsibility="standard")
+    with torch.no_grad():
+        p.mask.fill_(True)
+        p.gate_logits.fill_(1.0)  # λ̃ = sigmoid(1/τ') = 1 in float64
+    greedy = p.level_values(p.greedy_levels())
+    assert torch.allclose(p.posterior_mean(), greedy, atol=1e-9)  # τ → 0, λ̃ → 1: θ^avg = μ_k*
+    with torch.no_grad():
+        p.gate_logits.fill_(-1.0)
+    assert p.posterior_mean().abs().max() < 1e-30  # λ̃ → 0: the spike
+
+
+def test_responsibilities_rows_and_greedy_agree():
+    p = _posterior(temperature=0.1)
+    phi = p.responsibilities()
+    assert torch.allclose(phi.sum(-1), torch.ones_like(phi[:, 0]), atol=1e-5)
+    assert torch.equal(phi.argmax(-1).to(torch.uint8), p.greedy_levels().reshape(-1))

@@ -1,0 +1,88 @@
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import components, weight_vectors
+
+from sqs_core.kmeans import EMPTY_MIX, kmeans_1d
+from sqs_core.windows import OUTLIER_IQR_FACTOR, assign_windows
+
+
+def _quantile(flat, q):
+    k = max(1, round(q * (flat.numel() - 1)) + 1)
+    return flat.kthvalue(k).values
+
+
+@given(values=weight_vectors(min_size=4))
+def test_outlier_windows_follow_the_iqr_rule(values):
+    theta = torch.tensor(values)
+    ids, edges = assign_windows(theta, "outlier")
+    q1, med, q3 = _quantile(theta, 0.25), _quantile(theta, 0.5), _quantile(theta, 0.75)
+    low, high = q1 - OUTLIER_IQR_FACTOR * (q3 - q1), q3 + OUTLIER_IQR_FACTOR * (q3 - q1)
+    # rank of each weight's window among the four intervals, before compaction
+    expected = torch.where(theta <= low, 0, torch.where(theta < med, 1, torch.where(theta < high, 2, 3)))
+    # compaction keeps the order: equal expected interval <=> equal id, and ids increase with it
+    for a in range(4):
+        for b in range(4):
+            same = (expected == a)[:, None] & (expected == b)[None, :]
+            if same.any():
+                pair = ids[:, None].long() - ids[None, :].long()
+                assert ((pair[same] == 0) == (a == b)).all()
+                assert ((pair[same] < 0) == (a < b)).all()
+    assert int(ids.max()) + 1 == len(torch.unique(expected))
+    assert edges.numel() == int(ids.max())
+
+
+@given(values=weight_vectors(min_size=2))
+def test_equal_windows_have_equal_width(values):
+    theta = torch.tensor(values)
+    ids, _ = assign_windows(theta, "equal")
+    lo, hi = theta.min(), theta.max()
+    width = (hi - lo) / 4
+    raw = torch.clamp(torch.floor((theta - lo) / width), max=3) if width > 0 else torch.zeros_like(theta)
+    order = torch.argsort(theta)
+    assert torch.all(torch.diff(ids[order].long()) >= 0)
+    assert int(ids.max()) + 1 == len(torch.unique(raw))
+
+
+def test_constant_tensor_is_one_window():
+    ids, edges = assign_windows(torch.full((10,), 0.3), "outlier")
+    assert ids.max() == 0 and edges.numel() == 0
+
+
+@given(values=weight_vectors(min_size=1), k=components, seed=st.integers(0, 100))
+def test_kmeans_statistics_follow_the_appendix(values, k, seed):
+    flat = torch.tensor(values, dtype=torch.float64)
+    init = kmeans_1d(flat, k, generator=torch.Generator().manual_seed(seed))
+    assert init.means.shape == init.stds.shape == init.mixing.shape == (k,)
+    assert torch.isfinite(init.means).all() and (init.stds > 0).all()
+    assert abs(float(init.mixing.sum()) - 1) < 1e-5
+    real = init.mixing > 10 * EMPTY_MIX
+    centres = torch.unique(init.means[real].double())
+    # groups = nearest centre; μ = group mean, σ = unbiased group std (floored), π = group share
+    labels = torch.argmin((flat[:, None] - centres[None, :]).abs(), dim=1)
+    for j, c in enumerate(centres):
+        group = flat[labels == j]
+        idx = (init.means.double() - c).abs().argmin()
+        assert abs(float(group.mean()) - float(init.means[idx])) < 1e-5 * max(1.0, abs(float(c)))
+        assert abs(len(group) / len(flat) - float(init.mixing[idx])) < 1e-5
+        if len(group) > 1 and group.std() > 1e-2:
+            assert abs(float(group.std()) - float(init.stds[idx])) < 1e-4
+
+
+def test_kmeans_is_deterministic_and_handles_few_distinct_values():
+    flat = torch.tensor([0.5, 0.5, -0.5, 0.5])
+    a = kmeans_1d(flat, 4, generator=torch.Generator().manual_seed(1))
+    b = kmeans_1d(flat, 4, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(a.means, b.means)
+    assert set(a.means.tolist()) == {0.5, -0.5}
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(kmeans_1d(x, 8).means, kmeans_1d(x, 8).means)
+
+
+def test_kmeans_rejects_bad_input():
+    import pytest
+
+    with pytest.raises(ValueError, match="NaN"):
+        kmeans_1d(torch.tensor([0.0, float("nan")]), 2)
+    with pytest.raises(ValueError, match="k must be"):
+        kmeans_1d(torch.tensor([0.0, 1.0]), 1)
