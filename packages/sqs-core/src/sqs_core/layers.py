@@ -28,10 +28,13 @@ __all__ = ["LayerAdapter", "SQSLayer", "adapter_for", "register_layer_type"]
 @dataclass(frozen=True)
 class LayerAdapter:
     """``forward(base, x, weight)`` runs the module with ``weight`` (bias included);
-    ``forward_no_bias(base, x, weight)`` the same linear map without bias (for the variance path)."""
+    ``forward_no_bias(base, x, weight)`` the same linear map without bias (for the variance path).
+    ``square_input``: the variance path maps x² (linear maps); False for lookups (embeddings), whose
+    output variance is the looked-up weight variance."""
 
     forward: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
     forward_no_bias: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+    square_input: bool = True
 
 
 def _conv1d_hf(base: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
@@ -53,7 +56,7 @@ _REGISTRY: dict[type, LayerAdapter] = {
         forward=lambda base, x, w: F.linear(x, w, base.bias),
         forward_no_bias=lambda base, x, w: F.linear(x, w),
     ),
-    nn.Embedding: LayerAdapter(forward=_embedding, forward_no_bias=_embedding),
+    nn.Embedding: LayerAdapter(forward=_embedding, forward_no_bias=_embedding, square_input=False),
 }
 for _conv in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
     _REGISTRY[_conv] = LayerAdapter(
@@ -114,7 +117,8 @@ class SQSLayer(nn.Module):
         out = self.adapter.forward(self.base_layer, x, mean)
         if not moment_matched:
             return out
-        out_var = self.adapter.forward_no_bias(self.base_layer, x * x, var)
+        var_input = x * x if self.adapter.square_input else x
+        out_var = self.adapter.forward_no_bias(self.base_layer, var_input, var)
         return out + torch.sqrt(out_var.clamp_min(1e-12)) * torch.randn_like(out)
 
     def extra_repr(self) -> str:

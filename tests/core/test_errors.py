@@ -1,0 +1,106 @@
+"""Bad input gets a clear error and changes nothing."""
+
+import pytest
+import torch
+from torch import nn
+
+import sqs_core as sqs
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _snapshot(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}, repr(model)
+
+
+def _unchanged(model, snap):
+    state, text = snap
+    assert repr(model) == text
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+def test_nan_weight_is_refused_and_model_is_untouched():
+    model = mlp()
+    with torch.no_grad():
+        model[2].weight[0, 0] = float("nan")
+    snap = _snapshot(model)
+    with pytest.raises(ValueError, match=r"'2'.*NaN"):
+        sqs.prepare_(model)
+    state, text = snap
+    assert repr(model) == text and not sqs.is_prepared(model)
+
+
+def test_inf_weight_is_refused():
+    model = mlp()
+    with torch.no_grad():
+        model[0].weight[1, 1] = float("inf")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        sqs.prepare_(model)
+
+
+def test_prepare_twice():
+    model = mlp()
+    sqs.prepare_(model)
+    with pytest.raises(ValueError, match="twice"):
+        sqs.prepare_(model)
+
+
+def test_no_eligible_layer():
+    with pytest.raises(ValueError, match="no layer SQS can compress"):
+        sqs.prepare_(nn.Sequential(nn.ReLU(), nn.BatchNorm1d(3)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"include": ("^encoder",)}, "include pattern"),
+        ({"exclude": ("decoder",)}, "exclude pattern"),
+        ({"overrides": {"attn": {"num_components": 8}}}, "override pattern"),
+        ({"exclude": (".",)}, "leave no layer"),
+    ],
+)
+def test_patterns_that_name_no_layer(kwargs, fragment):
+    model = mlp()
+    snap = _snapshot(model)
+    with pytest.raises(ValueError, match=fragment):
+        sqs.prepare_(model, sqs.SQSConfig(**kwargs))
+    _unchanged(model, snap)
+
+
+def test_objective_needs_a_prepared_model_and_positive_num_data():
+    with pytest.raises(ValueError, match="not prepared"):
+        sqs.Objective(mlp(), num_data=10)
+    model = sqs.prepare_(mlp())
+    for bad in (0, -5, 2.5, True):
+        with pytest.raises(ValueError, match="num_data"):
+            sqs.Objective(model, num_data=bad)
+
+
+def test_objective_refuses_nan_loss():
+    model = sqs.prepare_(mlp())
+    with pytest.raises(FloatingPointError, match="nan"):
+        sqs.Objective(model, num_data=3)(torch.tensor(float("nan")))
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5, float("nan")])
+def test_nonzero_outside_unit_interval(bad):
+    model = sqs.prepare_(mlp())
+    with pytest.raises(ValueError, match="nonzero"):
+        sqs.greedy_(model, nonzero=bad)
+    with pytest.raises(ValueError, match="nonzero"):
+        sqs.BayesianAverage(model, nonzero=bad)
+    with pytest.raises(ValueError, match="nonzero"):
+        sqs.PruningSchedule(model, target_nonzero=bad, total_steps=10)
+
+
+def test_schedule_and_average_arguments():
+    model = sqs.prepare_(mlp())
+    with pytest.raises(ValueError, match="total_steps"):
+        sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=0)
+    with pytest.raises(ValueError, match="samples"):
+        sqs.BayesianAverage(model, samples=0)
+    with pytest.raises(ValueError, match="gate_lr"):
+        sqs.param_groups(model, gate_lr=0)

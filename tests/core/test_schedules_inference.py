@@ -1,0 +1,87 @@
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import nonzero_rates
+from torch import nn
+
+import sqs_core as sqs
+from sqs_core.selection import keep_top_fraction
+
+
+def prepared(seed=0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(10, 30), nn.ReLU(), nn.Linear(30, 7), nn.ReLU(), nn.Linear(7, 3))
+    return sqs.prepare_(model, sqs.SQSConfig(gate_init="magnitude"))
+
+
+@given(target=st.floats(0.05, 1.0), total=st.integers(1, 200), start=st.floats(0, 0.5))
+def test_cubic_schedule_formula(target, total, start):
+    model = prepared()
+    sched = sqs.PruningSchedule(model, target_nonzero=target, total_steps=total, start_fraction=start, end_fraction=0.8)
+    rates = [sched.nonzero_at(t) for t in range(total + 1)]
+    assert all(a >= b - 1e-12 for a, b in zip(rates, rates[1:], strict=False))  # monotone
+    assert rates[0] == 1.0 or start == 0
+    assert math.isclose(sched.nonzero_at(total), target)
+    mid = (sched.start + sched.end) / 2
+    if sched.end > sched.start and mid == int(mid):
+        assert math.isclose(sched.nonzero_at(int(mid)), 1 - (1 - target) * (1 - 0.125))
+
+
+@settings(max_examples=25)
+@given(nonzero=nonzero_rates, per_layer=st.booleans(), seed=st.integers(0, 50))
+def test_inference_keeps_exactly_the_requested_rate(nonzero, per_layer, seed):
+    model = prepared(seed)
+    with torch.no_grad():
+        for p in sqs.posteriors(model).values():
+            p.gate_logits.copy_(torch.randn(p.gate_logits.shape) * 0.01)
+    dists = sqs.discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer)
+    kept = {n: int(d.keep.sum()) for n, d in dists.items()}
+    total = sum(d.numel for d in dists.values())
+    if per_layer:
+        assert all(kept[n] == max(1, round(nonzero * d.numel)) for n, d in dists.items())
+    else:
+        assert sum(kept.values()) == max(1, round(nonzero * total))
+        # global rule: every kept λ̂ ≥ every pruned λ̂
+        scores = torch.cat([p.effective_keep_probs().reshape(-1) for p in sqs.posteriors(model).values()])
+        keep = torch.cat([d.keep for d in dists.values()])
+        if keep.any() and (~keep).any():
+            assert scores[keep].min() >= scores[~keep].max()
+
+
+def test_keep_top_fraction_breaks_ties_exactly():
+    masks = keep_top_fraction({"a": torch.zeros(10), "b": torch.zeros(6)}, 0.5)
+    assert int(masks["a"].sum() + masks["b"].sum()) == 8
+
+
+def test_pruning_schedule_reaches_target_and_gate_temperature_halves():
+    model = prepared()
+    sched = sqs.PruningSchedule(model, target_nonzero=0.3, total_steps=10, update_every=3)
+    tau = sqs.GateTemperatureSchedule(model, total_steps=10)
+    p = next(iter(sqs.posteriors(model).values()))
+    tau0 = float(p.gate_temperature)
+    for t in range(11):
+        sched.step(t)
+        tau.step(t)
+    masks = torch.cat([q.mask.reshape(-1) for q in sqs.posteriors(model).values()])
+    assert int(masks.sum()) == round(0.3 * masks.numel())
+    assert math.isclose(float(p.gate_temperature), tau0 / 2)
+
+
+def test_sampling_is_seeded_and_averaging_one_sample_equals_one_draw():
+    model = prepared()
+    with torch.no_grad():
+        for p in sqs.posteriors(model).values():
+            p.log_stds.add_(2.0)  # wide components: many weights have non-one-hot φ
+    object.__setattr__(next(iter(sqs.posteriors(model).values())).config, "temperature", 0.5)
+    x = torch.randn(5, 10)
+    outs = []
+    for seed in (7, 7, 8):
+        sqs.sample_(model, nonzero=0.6, generator=torch.Generator().manual_seed(seed))
+        outs.append(model(x))
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
+    avg = sqs.BayesianAverage(model, samples=1, nonzero=0.6, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(avg(x), outs[0])
+    d = next(iter(sqs.discrete_posteriors(model, nonzero=0.6).values()))
+    assert d.alt_index.numel() > 0

@@ -1,0 +1,75 @@
+"""Small models for the prepare → train → infer matrix (no dependency beyond torch)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Conv1D(nn.Module):
+    """Same contract as transformers.pytorch_utils.Conv1D: weight (in, out), y = x W + b."""
+
+    def __init__(self, nf: int, nx: int) -> None:
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.1)
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).reshape(*x.shape[:-1], self.nf)
+
+
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(12, 12)
+        self.b = nn.Linear(12, 12)
+        self.b.weight = self.a.weight  # tied
+        self.head = nn.Linear(12, 5)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+class Nested(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(12, 12), nn.ReLU()) for _ in range(2)])
+        self.shared = nn.Linear(12, 12)
+        self.head = nn.Sequential(nn.Sequential(nn.Linear(12, 5)))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.shared(self.shared(x)))  # one module used twice
+
+
+class GPTish(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 12)
+        self.c_fc = Conv1D(24, 12)
+        self.c_proj = Conv1D(5, 24)
+
+    def forward(self, x):
+        idx = (x.abs() * 7).long().clamp_max(19)[:, :3]
+        h = self.emb(idx).mean(1)
+        return self.c_proj(torch.relu(self.c_fc(h)))
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 5))
+
+
+def cnn():
+    return nn.Sequential(
+        nn.Unflatten(1, (3, 2, 2)), nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Flatten(), nn.Linear(32, 5),
+    )  # fmt: skip
+
+
+def conv1d():
+    return nn.Sequential(nn.Unflatten(1, (3, 4)), nn.Conv1d(3, 6, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(24, 5))
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "conv1d": conv1d, "nested": Nested, "tied": Tied, "gptish": GPTish}
