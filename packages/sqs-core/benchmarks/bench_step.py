@@ -1,0 +1,97 @@
+"""Memory and speed of one SQS training step vs one plain fine-tuning step of the same model.
+
+(a) a CIFAR ResNet-20 topology (random weights; timing does not depend on them) with K = 4, batch 128;
+(b) one 4096×4096 Linear with K = 64 at several batch sizes (tokens).
+Each case runs in a fresh subprocess so peak RSS is measured per case (resource.getrusage). Writes JSON
+to docs/results/step_bench.json and prints a table. Usage: python bench_step.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CASE = r"""
+import json, resource, sys, time, torch, torch.nn as nn, torch.nn.functional as F
+import sqs_core as sqs
+kind, mode, batch, k, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+torch.manual_seed(0)
+def resnet20():
+    class Block(nn.Module):
+        def __init__(s, i, o, st):
+            super().__init__(); s.c1 = nn.Conv2d(i, o, 3, st, 1, bias=False); s.b1 = nn.BatchNorm2d(o)
+            s.c2 = nn.Conv2d(o, o, 3, 1, 1, bias=False); s.b2 = nn.BatchNorm2d(o); s.pad = (o - i) // 2; s.st = st
+        def forward(s, x):
+            y = s.b2(s.c2(F.relu(s.b1(s.c1(x)))))
+            sc = x if s.pad == 0 and s.st == 1 else F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, s.pad, s.pad))
+            return F.relu(y + sc)
+    layers, i = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()], 16
+    for o, st in ((16, 1), (32, 2), (64, 2)):
+        for j in range(3):
+            layers.append(Block(i, o, st if j == 0 else 1)); i = o
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+if kind == "resnet20":
+    model = resnet20(); x = torch.randn(batch, 3, 32, 32); y = torch.randint(0, 10, (batch,)); loss_fn = lambda out: F.cross_entropy(out, y)
+else:
+    model = nn.Sequential(nn.Linear(4096, 4096)); x = torch.randn(batch, 4096); target = torch.randn(batch, 4096); loss_fn = lambda out: F.mse_loss(out, target)
+if mode == "sqs":
+    sqs.prepare_(model, sqs.SQSConfig(num_components=k, windows="outlier"))
+    objective = sqs.Objective(model, num_data=50000)
+    opt = torch.optim.AdamW(sqs.param_groups(model, other_lr=1e-3))
+    loss_of = lambda out: objective(loss_fn(out))
+else:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loss_of = loss_fn
+base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+times = []
+for r in range(repeats + 1):
+    t = time.perf_counter(); loss = loss_of(model(x)); opt.zero_grad(); loss.backward(); opt.step(); times.append(time.perf_counter() - t)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"step_s": sorted(times[1:])[len(times[1:]) // 2], "peak_rss_mib": peak / 1024, "rss_before_mib": base_rss / 1024,
+                  "params_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20}))
+"""
+
+
+def run_case(kind, mode, batch, k, repeats):
+    out = subprocess.run([sys.executable, "-c", CASE, kind, mode, str(batch), str(k), str(repeats)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and batch sizes")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[3] / "docs/results/step_bench.json")
+    args = parser.parse_args()
+    repeats = 2 if args.quick else 5
+    cases = [("resnet20", 128, 4)] + [("linear4096", b, 64) for b in ((256,) if args.quick else (256, 2048, 8192))]
+    rows = []
+    for kind, batch, k in cases:
+        plain, ours = run_case(kind, "plain", batch, k, repeats), run_case(kind, "sqs", batch, k, repeats)
+        rows.append({"model": kind, "batch": batch, "K": k, "plain": plain, "sqs": ours,
+                     "time_ratio": ours["step_s"] / plain["step_s"],
+                     "peak_memory_ratio": ours["peak_rss_mib"] / plain["peak_rss_mib"]})
+        r = rows[-1]
+        print(f"{kind:>10} batch {batch:>5} K={k:<3} step {plain['step_s']:.3f}s -> {ours['step_s']:.3f}s "
+              f"(x{r['time_ratio']:.2f})  peak RSS {plain['peak_rss_mib']:.0f} -> {ours['peak_rss_mib']:.0f} MiB "
+              f"(x{r['peak_memory_ratio']:.2f})", flush=True)
+    machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+               "cpus": os.cpu_count(), "python": platform.python_version()}
+    import torch
+
+    machine["torch"] = torch.__version__
+    machine["torch_threads"] = torch.get_num_threads()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"machine": machine, "date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
