@@ -14,12 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import sqs_core as sqs
 import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch import nn
-
-import sqs_core as sqs
 
 
 def digits(seed: int):

@@ -1,8 +1,7 @@
 import pytest
+import sqs_core as sqs
 from hypothesis import given
 from hypothesis import strategies as st
-
-import sqs_core as sqs
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,9 @@
 """Bad input gets a clear error and changes nothing."""
 
 import pytest
+import sqs_core as sqs
 import torch
 from torch import nn
-
-import sqs_core as sqs
 
 
 def mlp():
@@ -29,7 +28,7 @@ def test_nan_weight_is_refused_and_model_is_untouched():
     snap = _snapshot(model)
     with pytest.raises(ValueError, match=r"'2'.*NaN"):
         sqs.prepare_(model)
-    state, text = snap
+    _, text = snap
     assert repr(model) == text and not sqs.is_prepared(model)
 
 

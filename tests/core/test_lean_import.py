@@ -15,8 +15,12 @@ print(json.dumps({"added": sorted(set(added)), "threads": torch.get_num_threads(
 
 
 def test_import_adds_only_sqs_core_and_allowed_dependencies():
-    before = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
-                            capture_output=True, text=True, check=True)
+    before = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True)
     result = json.loads(out.stdout)
     allowed = {"sqs_core", "safetensors"} | set(sys.stdlib_module_names)

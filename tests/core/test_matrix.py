@@ -1,11 +1,10 @@
 """Every toy model × config runs prepare → train → greedy / sampled / averaged inference."""
 
 import pytest
+import sqs_core as sqs
 import torch
 import torch.nn.functional as F
 from toy_models import MODELS
-
-import sqs_core as sqs
 
 CONFIGS = {
     "default": {},

@@ -5,9 +5,8 @@ import math
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import components, finite_floats, log_stds, probabilities, stds
-
 from sqs_core.mixture import bernoulli_kl, component_log_density, gaussian_kl, log_responsibilities
+from strategies import components, finite_floats, log_stds, probabilities, stds
 
 
 def _params(k, seed):
@@ -33,9 +32,7 @@ def test_gaussian_kl_matches_quadrature(mu, log_s, s0):
 def test_bernoulli_kl_matches_definition_and_is_nonnegative(lam_logit, prior):
     value = bernoulli_kl(torch.tensor(lam_logit, dtype=torch.float64), prior).item()
     lam = 1 / (1 + math.exp(-lam_logit))
-    direct = sum(
-        p * math.log(p / q) for p, q in ((lam, prior), (1 - lam, 1 - prior)) if p > 0
-    )
+    direct = sum(p * math.log(p / q) for p, q in ((lam, prior), (1 - lam, 1 - prior)) if p > 0)
     assert value >= -1e-12
     assert math.isclose(value, direct, rel_tol=1e-9, abs_tol=1e-9)
 
@@ -47,7 +44,12 @@ def test_bernoulli_kl_limits():
     assert abs(bernoulli_kl(torch.tensor(math.log(0.3 / 0.7)), prior).item()) < 1e-7
 
 
-@given(k=components, seed=st.integers(0, 10_000), tau=st.floats(1e-4, 10), kind=st.sampled_from(["paper", "standard"]))
+@given(
+    k=components,
+    seed=st.integers(0, 10_000),
+    tau=st.floats(1e-4, 10),
+    kind=st.sampled_from(["paper", "standard"]),
+)
 def test_responsibilities_are_a_distribution(k, seed, tau, kind):
     means, log_s, log_mix = _params(k, seed)
     theta = torch.randn(64, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 2

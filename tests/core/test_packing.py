@@ -284,9 +284,7 @@ def test_decode_mask_rejects_truncated_overlong_or_misplaced_rice_stream() -> No
 
 
 @given(masks(max_length=200), st.data())
-def test_decode_mask_corruption_raises_value_error_or_decodes(
-    mask: torch.Tensor, data: st.DataObject
-) -> None:
+def test_decode_mask_corruption_raises_value_error_or_decodes(mask: torch.Tensor, data: st.DataObject) -> None:
     payload = _rice_payload(mask)
     index = data.draw(st.integers(0, payload.numel() - 1), label="byte")
     payload[index] ^= data.draw(st.integers(1, 255), label="xor")

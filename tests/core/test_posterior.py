@@ -3,14 +3,13 @@
 import math
 
 import pytest
+import sqs_core as sqs
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import sqs_core as sqs
 from sqs_core import chunked
-from sqs_core.mixture import bernoulli_kl, component_log_density, gaussian_kl, log_responsibilities
+from sqs_core.mixture import bernoulli_kl, gaussian_kl, log_responsibilities
 from sqs_core.posterior import SpikeGMMPosterior
 
 

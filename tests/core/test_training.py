@@ -2,11 +2,10 @@
 literal objective (β = 1, gates at λ) drives every gate to 0: the trap documented in docs/method.md."""
 
 import pytest
+import sqs_core as sqs
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import sqs_core as sqs
 
 N_TRAIN, N_TEST, EPOCHS = 800, 600, 8
 
@@ -14,9 +13,11 @@ N_TRAIN, N_TEST, EPOCHS = 800, 600, 8
 def _data():
     g = torch.Generator().manual_seed(0)
     prototypes = F.avg_pool2d(torch.randn(10, 1, 12, 12, generator=g), 3, 1, 1) * 3
+
     def draw(n):
         y = torch.randint(0, 10, (n,), generator=g)
         return prototypes[y] + 1.3 * torch.randn(n, 1, 12, 12, generator=g), y
+
     return draw(N_TRAIN), draw(N_TEST)
 
 

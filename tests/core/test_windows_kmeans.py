@@ -1,10 +1,9 @@
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import components, weight_vectors
-
 from sqs_core.kmeans import EMPTY_MIX, kmeans_1d
 from sqs_core.windows import OUTLIER_IQR_FACTOR, assign_windows
+from strategies import components, weight_vectors
 
 
 def _quantile(flat, q):

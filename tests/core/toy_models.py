@@ -69,7 +69,9 @@ def cnn():
 
 
 def conv1d():
-    return nn.Sequential(nn.Unflatten(1, (3, 4)), nn.Conv1d(3, 6, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(24, 5))
+    return nn.Sequential(
+        nn.Unflatten(1, (3, 4)), nn.Conv1d(3, 6, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(24, 5)
+    )
 
 
 MODELS = {"mlp": mlp, "cnn": cnn, "conv1d": conv1d, "nested": Nested, "tied": Tied, "gptish": GPTish}

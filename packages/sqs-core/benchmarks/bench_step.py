@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -60,30 +59,51 @@ print(json.dumps({"step_s": sorted(times[1:])[len(times[1:]) // 2], "peak_rss_mi
 
 
 def run_case(kind, mode, batch, k, repeats):
-    out = subprocess.run([sys.executable, "-c", CASE, kind, mode, str(batch), str(k), str(repeats)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CASE, kind, mode, str(batch), str(k), str(repeats)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and batch sizes")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[3] / "docs/results/step_bench.json")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parents[3] / "docs/results/step_bench.json"
+    )
     args = parser.parse_args()
     repeats = 2 if args.quick else 5
     cases = [("resnet20", 128, 4)] + [("linear4096", b, 64) for b in ((256,) if args.quick else (256, 2048, 8192))]
     rows = []
     for kind, batch, k in cases:
         plain, ours = run_case(kind, "plain", batch, k, repeats), run_case(kind, "sqs", batch, k, repeats)
-        rows.append({"model": kind, "batch": batch, "K": k, "plain": plain, "sqs": ours,
-                     "time_ratio": ours["step_s"] / plain["step_s"],
-                     "peak_memory_ratio": ours["peak_rss_mib"] / plain["peak_rss_mib"]})
+        rows.append(
+            {
+                "model": kind,
+                "batch": batch,
+                "K": k,
+                "plain": plain,
+                "sqs": ours,
+                "time_ratio": ours["step_s"] / plain["step_s"],
+                "peak_memory_ratio": ours["peak_rss_mib"] / plain["peak_rss_mib"],
+            }
+        )
         r = rows[-1]
-        print(f"{kind:>10} batch {batch:>5} K={k:<3} step {plain['step_s']:.3f}s -> {ours['step_s']:.3f}s "
-              f"(x{r['time_ratio']:.2f})  peak RSS {plain['peak_rss_mib']:.0f} -> {ours['peak_rss_mib']:.0f} MiB "
-              f"(x{r['peak_memory_ratio']:.2f})", flush=True)
-    machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-               "cpus": os.cpu_count(), "python": platform.python_version()}
+        print(
+            f"{kind:>10} batch {batch:>5} K={k:<3} step {plain['step_s']:.3f}s -> {ours['step_s']:.3f}s "
+            f"(x{r['time_ratio']:.2f})  peak RSS {plain['peak_rss_mib']:.0f} -> {ours['peak_rss_mib']:.0f} MiB "
+            f"(x{r['peak_memory_ratio']:.2f})",
+            flush=True,
+        )
+    machine = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
     import torch
 
     machine["torch"] = torch.__version__

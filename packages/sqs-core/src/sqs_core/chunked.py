@@ -119,7 +119,7 @@ class _PosteriorMoments(torch.autograd.Function):
         g_theta = torch.zeros_like(theta) if need_theta else None
         g_gate = torch.zeros_like(gate_logits)
         keep_raw = torch.sigmoid(gate_logits / spec.gate_temperature)
-        for a, b, sel, w, th_leaf, m, s, lam_raw, lam_mask in _recompute(
+        for a, b, sel, _w, th_leaf, m, s, lam_raw, lam_mask in _recompute(
             theta, keep_raw, mask, window_ids, leaves, spec, second, need_theta
         ):
             lam = lam_raw * lam_mask
@@ -160,9 +160,7 @@ def _recompute(theta, keep_raw, mask, window_ids, leaves, spec, second, need_the
 
 def posterior_moments(theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second):
     """Differentiable (θ^avg, Var or empty, k*) for flat inputs; see :class:`_PosteriorMoments`."""
-    return _PosteriorMoments.apply(
-        theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second
-    )
+    return _PosteriorMoments.apply(theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second)
 
 
 class _GateKL(torch.autograd.Function):

@@ -107,9 +107,7 @@ class SQSConfig:
         self._validate_shape_settings()
         _check_positive("temperature", self.temperature)
         _check_positive("gate_temperature", self.gate_temperature)
-        if not isinstance(self.kl_weight, (int, float)) or not (
-            math.isfinite(self.kl_weight) and self.kl_weight >= 0
-        ):
+        if not isinstance(self.kl_weight, (int, float)) or not (math.isfinite(self.kl_weight) and self.kl_weight >= 0):
             raise ValueError(f"kl_weight must be a finite number >= 0, got {self.kl_weight!r}")
         _check_open_unit("initial_keep_prob", self.initial_keep_prob)
         if not math.isfinite(self.gate_init_spread) or self.gate_init_spread < 0:

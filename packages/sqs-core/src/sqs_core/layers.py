@@ -46,9 +46,7 @@ def _conv1d_hf(base: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias) -> 
 
 
 def _embedding(base: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return F.embedding(
-        x, weight, base.padding_idx, base.max_norm, base.norm_type, base.scale_grad_by_freq, base.sparse
-    )
+    return F.embedding(x, weight, base.padding_idx, base.max_norm, base.norm_type, base.scale_grad_by_freq, base.sparse)
 
 
 _REGISTRY: dict[type, LayerAdapter] = {

@@ -25,7 +25,12 @@ def param_groups(
     ``gate_lr``, θ at ``weight_lr`` when ``train_weight`` is set, and every other trainable parameter of
     the model (biases, norms, uncompressed layers) at ``other_lr`` (left out when None)."""
     prepared_config(model)
-    for name, lr in (("quant_lr", quant_lr), ("gate_lr", gate_lr), ("weight_lr", weight_lr), ("other_lr", other_lr)):
+    for name, lr in (
+        ("quant_lr", quant_lr),
+        ("gate_lr", gate_lr),
+        ("weight_lr", weight_lr),
+        ("other_lr", other_lr),
+    ):
         if lr is not None and not lr > 0:
             raise ValueError(f"{name} must be > 0, got {lr!r}")
     quant, gates, weights = [], [], []

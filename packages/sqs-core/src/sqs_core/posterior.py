@@ -166,7 +166,7 @@ class SpikeGMMPosterior(nn.Module):
         the artifact stores), as float32; rows are not renormalised (sampling normalises by the sum).
         """
         index, rows = [], []
-        for a, b, sel, _w, log_phi in self._blocks():
+        for a, _b, sel, _w, log_phi in self._blocks():
             probs = sampling_probs(log_phi.exp())
             uncertain = (probs > 0).sum(-1) >= 2
             local = uncertain.nonzero().squeeze(1)

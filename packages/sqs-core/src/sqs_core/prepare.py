@@ -109,7 +109,7 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     generator = torch.Generator().manual_seed(config.seed)
     shared: dict[int, SpikeGMMPosterior] = {}
     wrappers: list[tuple[nn.Module, SQSLayer]] = []
-    for name, module, layer_config in chosen:
+    for _name, module, layer_config in chosen:
         weight = module.weight
         posterior = shared.get(id(weight))
         if posterior is None:

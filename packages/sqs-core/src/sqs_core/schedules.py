@@ -92,9 +92,7 @@ class PruningSchedule:
 class GateTemperatureSchedule:
     """τ' ← τ'_0 · ``factor`` once ``step`` ≥ ``at_fraction`` · total_steps (paper: factor ½ at half)."""
 
-    def __init__(
-        self, model: nn.Module, *, total_steps: int, factor: float = 0.5, at_fraction: float = 0.5
-    ) -> None:
+    def __init__(self, model: nn.Module, *, total_steps: int, factor: float = 0.5, at_fraction: float = 0.5) -> None:
         prepared_config(model)
         self.total_steps = _check_steps(total_steps)
         if not 0.0 < factor <= 1.0:

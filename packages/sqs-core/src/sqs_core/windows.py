@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["assign_windows", "OUTLIER_IQR_FACTOR", "NUM_WINDOWS"]
+__all__ = ["NUM_WINDOWS", "OUTLIER_IQR_FACTOR", "assign_windows"]
 
 OUTLIER_IQR_FACTOR = 5.0
 NUM_WINDOWS = 4
