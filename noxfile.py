@@ -1,10 +1,10 @@
 """One nox session per concern; each package is tested in its own environment with only what it needs.
 
-    nox -s tests            every package's tests (core, theory, bench), each in its own venv
-    nox -s demo             the embedded-default main job (digits CNN, 2 bits / 50% non-zero)
-    nox -s lint typecheck   ruff and mypy
-    nox -s theory           the quick tier of the convergence study (-- --tier full for the long one)
-    nox -s bench            the default benchmark suite (-- --suite cifar10 for everything)
+nox -s tests            every package's tests (core, theory, bench), each in its own venv
+nox -s demo             the embedded-default main job (digits CNN, 2 bits / 50% non-zero)
+nox -s lint typecheck   ruff and mypy
+nox -s theory           the quick tier of the convergence study (-- --tier full for the long one)
+nox -s bench            the default benchmark suite (-- --suite cifar10 for everything)
 """
 
 from __future__ import annotations

@@ -48,9 +48,7 @@ def run(count: int, repeats: int) -> list[dict[str, object]]:
                 if not torch.equal(fn(), expected):
                     raise RuntimeError(f"{path} decoded wrong values for bits={bits}")
                 seconds = _best_seconds(fn, repeats)
-                rows.append(
-                    {"bits": bits, "levels": n_levels, "path": path, "weights_per_s": count / seconds}
-                )
+                rows.append({"bits": bits, "levels": n_levels, "path": path, "weights_per_s": count / seconds})
     return rows
 
 

@@ -136,8 +136,7 @@ def unpack_gather(packed: Tensor, bits: int, count: int, codebook: Tensor) -> Te
     _check_packed(packed, bits, count)
     if codebook.dim() != 1 or not 1 <= codebook.numel() <= 1 << bits:
         raise ValueError(
-            f"codebook must be 1-D with 1..{1 << bits} entries for bits={bits}, "
-            f"got shape {tuple(codebook.shape)}"
+            f"codebook must be 1-D with 1..{1 << bits} entries for bits={bits}, got shape {tuple(codebook.shape)}"
         )
     n_levels = codebook.numel()  # K
     codebook = codebook.to(packed.device)
@@ -247,8 +246,7 @@ def _check_packed(packed: Tensor, bits: int, count: int) -> None:
         raise ValueError(f"packed must be 1-D, got shape {tuple(packed.shape)}")
     if packed.numel() != expected:
         raise ValueError(
-            f"packed payload has {packed.numel()} bytes, expected {expected} "
-            f"for {count} values of {bits} bits"
+            f"packed payload has {packed.numel()} bytes, expected {expected} for {count} values of {bits} bits"
         )
     used = count * bits % 8
     if used and int(packed[-1]) >> used:
