@@ -1,0 +1,60 @@
+"""Command line: ``python -m sqs_theory {errata,checks}``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .checks import all_verdicts
+from .errata import build_errata, write_errata
+from .verdict import format_table
+
+DEFAULT_ERRATA = Path("docs/results/theory/errata.json")
+
+
+def _errata(args: argparse.Namespace) -> int:
+    path = write_errata(args.out)
+    for e in build_errata() if args.verbose else ():
+        print(f"{e.id:28s} {e.severity:12s} {e.location}")
+    print(f"wrote {path}")
+    return 0
+
+
+def _checks(args: argparse.Namespace) -> int:
+    verdicts = all_verdicts(n_random=args.n_random, seed=args.seed)
+    print(format_table(verdicts, detail_keys=args.details))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([v.to_dict() for v in verdicts], indent=2, default=float) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sqs-theory", description="Numerical checks of the SQS paper's theory.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    errata = sub.add_parser("errata", help="compute every erratum's witness and write the errata JSON")
+    errata.add_argument("--out", type=Path, default=DEFAULT_ERRATA, help=f"output file (default {DEFAULT_ERRATA})")
+    errata.add_argument("-v", "--verbose", action="store_true", help="list the errata found")
+    errata.set_defaults(func=_errata)
+
+    checks = sub.add_parser("checks", help="run every Appendix A / B / H(T,s,K) check and print a verdict table")
+    checks.add_argument("--n-random", type=int, default=20, help="random instances per bound (default 20)")
+    checks.add_argument("--seed", type=int, default=0)
+    checks.add_argument("--details", type=int, default=3, help="detail fields shown per row (default 3)")
+    checks.add_argument("--json", type=Path, default=None, help="also write the verdicts as JSON here")
+    checks.set_defaults(func=_checks)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

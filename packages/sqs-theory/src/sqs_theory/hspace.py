@@ -1,0 +1,259 @@
+"""The sparse-quantized parameter space H(T, s, K) of Appendix B.
+
+Paper's definition (Appendix B)::
+
+    I(T, s, K) = {I = [r_1, ..., r_T]^T : ||I||_0 <= s, r_i in {0,1}^K, ||r_i||_0 <= 1}
+    H(T, s, K) = {theta = I E : E in [-B, B]^K, I in I(T, s, K)}
+
+so ``theta in H`` iff ``||theta||_0 <= s``, ``theta`` has at most ``K`` distinct *non-zero* values, and
+``||theta||_inf <= B``.  We use ``<= s`` throughout (the paper's text also writes ``||theta||_0 < s`` and
+"consists of s many one-hot rows"; see the errata).
+
+Projection onto H (``argmin_{theta in H} ||theta - x||^2``):
+
+* :func:`project_exact` - exact dynamic programme.  Lemma: in an optimal solution every level's group
+  of entries is a contiguous run of the *sorted* entries (a zero-assigned entry strictly between two
+  entries of a level ``c != 0`` can be swapped with one of them for a strict gain of ``2|c| |x_a - x_z|``,
+  and nearest-level cells are intervals).  So the optimum chooses at most K disjoint runs of total
+  length at most s, each set to its clipped mean; everything else is 0.  O(T^2 K s) time.
+* :func:`project_brute` - enumeration over I(T, s, K) with the optimal E for each I (tests only).
+* :func:`project_heuristic` - FAST HEURISTIC for large T: alternate (support | levels) and
+  (levels | support); cost never increases, but optimality is not guaranteed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "Projection",
+    "in_h",
+    "index_decomposition",
+    "index_space_size",
+    "index_space_size_brute",
+    "index_space_size_sympy",
+    "project_brute",
+    "project_exact",
+    "project_heuristic",
+    "quantize_exact",
+]
+
+
+def _validate(s: int, K: int, B: float) -> None:
+    if int(s) != s or s < 0:
+        raise ValueError(f"s must be a non-negative integer, got {s!r}")
+    if int(K) != K or K < 1:
+        raise ValueError(f"K must be a positive integer, got {K!r}")
+    if not B > 0:
+        raise ValueError(f"B must be positive, got {B!r}")
+
+
+def in_h(theta: np.ndarray, *, s: int, K: int, B: float) -> bool:
+    """Membership in H(T, s, K): ``||theta||_0 <= s``, <= K distinct non-zero values, all in [-B, B]."""
+    _validate(s, K, B)
+    theta = np.asarray(theta, dtype=float).ravel()
+    nz = theta[theta != 0]
+    return bool(nz.size <= s and np.unique(nz).size <= K and np.all(np.abs(theta) <= B))
+
+
+def index_decomposition(theta: np.ndarray, *, s: int, K: int, B: float) -> tuple[np.ndarray, np.ndarray]:
+    """A witness ``(I, E)`` with ``theta = I E``, ``I in I(T, s, K)``, ``E in [-B, B]^K``."""
+    if not in_h(theta, s=s, K=K, B=B):
+        raise ValueError("theta is not in H(T, s, K)")
+    theta = np.asarray(theta, dtype=float).ravel()
+    levels = np.unique(theta[theta != 0])
+    E = np.concatenate([levels, np.zeros(K - levels.size)])
+    index = (theta[:, None] == levels[None, :]).astype(np.int8)  # (T, #levels), one-hot rows
+    index = np.concatenate([index, np.zeros((theta.size, K - levels.size), np.int8)], axis=1)
+    return index, E
+
+
+def index_space_size(T: int, s: int, K: int) -> int:
+    """``|I(T, s, K)| = sum_{j=0}^{min(s,T)} C(T, j) K^j`` (exact integer)."""
+    _validate(s, K, 1.0)
+    return sum(math.comb(T, j) * K**j for j in range(min(s, T) + 1))
+
+
+def index_space_size_sympy(T: int, s: int, K: int) -> int:
+    """The same count through sympy's symbolic summation (independent exact arithmetic)."""
+    import sympy  # deferred: importing sympy costs ~0.5 s and only this function needs it
+
+    j = sympy.Symbol("j", integer=True, nonnegative=True)
+    total = sympy.summation(sympy.binomial(T, j) * sympy.Integer(K) ** j, (j, 0, min(s, T)))
+    return int(total)
+
+
+def index_space_size_brute(T: int, s: int, K: int) -> int:
+    """Count I(T, s, K) by enumerating every row choice in {0, e_1, ..., e_K}^T (small T only)."""
+    _validate(s, K, 1.0)
+    if (K + 1) ** T > 2_000_000:
+        raise ValueError(f"(K+1)^T = {(K + 1) ** T} is too many to enumerate")
+    return sum(1 for rows in itertools.product(range(K + 1), repeat=T) if sum(r > 0 for r in rows) <= s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Projection:
+    """A point of H(T, s, K) and its squared distance to the projected vector."""
+
+    theta: np.ndarray = field(repr=False)
+    cost: float
+    method: str
+
+
+def _prefix(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.concatenate([[0.0], np.cumsum(xs)]), np.concatenate([[0.0], np.cumsum(xs**2)])
+
+
+def _run_cost(s1: np.ndarray, s2: np.ndarray, a: int, e: int, B: float) -> tuple[float, float]:
+    """(SSE, level) of the run ``xs[a:e]`` set to its mean clipped to [-B, B]."""
+    tot, n = s1[e] - s1[a], e - a
+    c = float(np.clip(tot / n, -B, B))
+    return float(s2[e] - s2[a] - 2 * c * tot + n * c * c), c
+
+
+def project_exact(x: np.ndarray, *, s: int, K: int, B: float) -> Projection:
+    """Exact projection onto H(T, s, K) by dynamic programming over the sorted entries."""
+    _validate(s, K, B)
+    x = np.asarray(x, dtype=float).ravel()
+    T, s = x.size, min(s, x.size)
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    s1, s2 = _prefix(xs)
+    f = np.full((T + 1, K + 1, s + 1), np.inf)  # f[i, j, m]: first i sorted entries, j runs, m kept
+    parent = np.full((T + 1, K + 1, s + 1), -2, dtype=np.int64)  # -1: entry i-1 -> 0; a >= 0: run [a, i)
+    f[0, 0, 0] = 0.0
+    for i in range(T):
+        cand = f[i] + xs[i] ** 2
+        better = cand < f[i + 1]
+        f[i + 1][better], parent[i + 1][better] = cand[better], -1
+        for e in range(i + 1, min(T, i + s) + 1):
+            length = e - i
+            cand = f[i, :K, : s + 1 - length] + _run_cost(s1, s2, i, e, B)[0]
+            tgt = f[e, 1:, length:]
+            better = cand < tgt
+            tgt[better] = cand[better]
+            parent[e, 1:, length:][better] = i
+    j, m = np.unravel_index(np.argmin(f[T]), f[T].shape)
+    theta_sorted, e = np.zeros(T), T
+    while e > 0:
+        a = int(parent[e, j, m])
+        if a == -1:
+            e -= 1
+            continue
+        theta_sorted[a:e] = _run_cost(s1, s2, a, e, B)[1]
+        j, m, e = j - 1, m - (e - a), a
+    theta = np.empty(T)
+    theta[order] = theta_sorted
+    return Projection(theta=theta, cost=float(((theta - x) ** 2).sum()), method="exact-dp")
+
+
+def project_brute(x: np.ndarray, *, s: int, K: int, B: float) -> Projection:
+    """Projection by enumerating I(T, s, K), with ``E_k = clip(mean of its entries)`` (tests only)."""
+    _validate(s, K, B)
+    x = np.asarray(x, dtype=float).ravel()
+    best_cost, best = float((x**2).sum()), np.zeros_like(x)
+    for j in range(1, min(s, x.size) + 1):
+        labels = np.array(list(itertools.product(range(K), repeat=j)))  # (A, j)
+        onehot = labels[..., None] == np.arange(K)  # (A, j, K)
+        counts = onehot.sum(axis=1)
+        for support in itertools.combinations(range(x.size), j):
+            xs = x[list(support)]
+            sums = np.einsum("ajk,j->ak", onehot, xs)
+            levels = np.clip(np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0), -B, B)
+            vals = np.take_along_axis(levels, labels, axis=1)  # (A, j)
+            costs = ((vals - xs) ** 2).sum(axis=1) + (x**2).sum() - (xs**2).sum()
+            a = int(np.argmin(costs))
+            if costs[a] < best_cost:
+                best_cost, best = float(costs[a]), np.zeros_like(x)
+                best[list(support)] = vals[a]
+    return Projection(theta=best, cost=float(((best - x) ** 2).sum()), method="brute-force")
+
+
+def quantize_exact(values: np.ndarray, *, K: int, B: float) -> Projection:
+    """Optimal K-level quantization of a fixed support (1-D k-means with levels clipped to [-B, B]).
+
+    Exact DP over the sorted values (groups are contiguous runs): O(K n^2) time, O(K n) memory.
+    """
+    _validate(0, K, B)
+    v = np.asarray(values, dtype=float).ravel()
+    n = v.size
+    if n == 0:
+        return Projection(theta=v.copy(), cost=0.0, method="quantize-exact")
+    order = np.argsort(v, kind="stable")
+    s1, s2 = _prefix(v[order])
+    g = np.full((K + 1, n + 1), np.inf)
+    g[0, 0] = 0.0
+    arg = np.zeros((K + 1, n + 1), dtype=np.int64)
+    a_idx = np.arange(n)
+    for e in range(1, n + 1):
+        a = a_idx[:e]
+        cnt = e - a
+        tot = s1[e] - s1[a]
+        c = np.clip(tot / cnt, -B, B)
+        run = s2[e] - s2[a] - 2 * c * tot + cnt * c * c  # (e,)
+        for k in range(1, K + 1):
+            cand = g[k - 1, :e] + run
+            arg[k, e] = int(np.argmin(cand))
+            g[k, e] = cand[arg[k, e]]
+    k, e, out = int(np.argmin(g[:, n])), n, np.empty(n)
+    while e > 0:
+        start = int(arg[k, e])
+        out[start:e] = _run_cost(s1, s2, start, e, B)[1]
+        k, e = k - 1, start
+    theta = np.empty(n)
+    theta[order] = out
+    return Projection(theta=theta, cost=float(((theta - v) ** 2).sum()), method="quantize-exact")
+
+
+_EXACT_QUANTIZE_MAX = 4000  # above this support size the O(K n^2) quantizer gives way to Lloyd
+
+
+def _lloyd(values: np.ndarray, *, K: int, B: float, iters: int = 100) -> np.ndarray:
+    """1-D Lloyd (k-means) from quantile initial levels; returns the quantized values (heuristic)."""
+    levels = np.clip(np.quantile(values, (np.arange(K) + 0.5) / K), -B, B)
+    for _ in range(iters):
+        k = np.abs(values[:, None] - levels[None, :]).argmin(axis=1)
+        sums, counts = np.bincount(k, values, K), np.bincount(k, minlength=K)
+        new = np.where(counts > 0, np.clip(sums / np.maximum(counts, 1), -B, B), levels)
+        if np.array_equal(new, levels):
+            break
+        levels = new
+    return levels[np.abs(values[:, None] - levels[None, :]).argmin(axis=1)]
+
+
+def _quantize(values: np.ndarray, *, K: int, B: float) -> np.ndarray:
+    if values.size <= _EXACT_QUANTIZE_MAX:
+        return quantize_exact(values, K=K, B=B).theta
+    return _lloyd(values, K=K, B=B)
+
+
+def project_heuristic(x: np.ndarray, *, s: int, K: int, B: float, max_iter: int = 50) -> Projection:
+    """HEURISTIC projection for large T (not guaranteed optimal; cost never increases).
+
+    Start from the top-s magnitudes; then alternate (a) the K-level quantization of the current
+    support (:func:`quantize_exact`, or 1-D Lloyd above 4000 entries) and (b) the best support for
+    the current levels (keep the s entries with the largest positive saving
+    ``x_i^2 - min_k (x_i - c_k)^2``).
+    """
+    _validate(s, K, B)
+    x = np.asarray(x, dtype=float).ravel()
+    support = np.argsort(-np.abs(x), kind="stable")[: min(s, x.size)]
+    theta, cost = np.zeros_like(x), float((x**2).sum())
+    for _ in range(max_iter):
+        cand = np.zeros_like(x)
+        cand[support] = _quantize(x[support], K=K, B=B)
+        new_cost = float(((cand - x) ** 2).sum())
+        if new_cost >= cost - 1e-15 * max(1.0, cost):
+            break
+        theta, cost = cand, new_cost
+        levels = np.unique(theta[theta != 0])
+        if levels.size == 0:
+            break
+        saving = x**2 - ((x[:, None] - levels[None, :]) ** 2).min(axis=1)
+        ranked = np.argsort(-saving, kind="stable")[: min(s, x.size)]
+        support = ranked[saving[ranked] > 0]
+    return Projection(theta=theta, cost=cost, method="heuristic-alternating")

@@ -1,0 +1,121 @@
+"""The rates and hyperparameters of Theorem ``convergence`` / Appendix B, as plain functions.
+
+Symbols: ``n`` samples, ``L`` hidden layers of width ``N``, input dimension ``p``, sparsity ``s``
+(``s*`` in the paper), ``delta`` the log-power.  ``T`` is the number of network parameters; the paper
+never writes it out, we use ``T = (p + 1) N + (L - 1)(N + 1) N + (N + 1)`` (weights and biases of an
+L-hidden-layer, width-N, scalar-output network).  Logarithms are natural.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = [
+    "GridPoint",
+    "cond_bound_sigma_sq",
+    "default_grid",
+    "eps_n",
+    "lambda_condition_max_m",
+    "log_sigma_n_sq",
+    "n_params",
+    "neg_log_lambda",
+    "r_n",
+    "s_n",
+    "sigma_n_bracket",
+]
+
+
+def n_params(L: int, N: int, p: int) -> int:
+    """``T``: weights and biases of an L-hidden-layer, width-N network with p inputs and one output."""
+    if min(L, N, p) < 1:
+        raise ValueError(f"L, N, p must be >= 1, got {L, N, p}")
+    return (p + 1) * N + (L - 1) * (N + 1) * N + (N + 1)
+
+
+def r_n(n: float, L: int, N: int, s: float, p: int) -> float:
+    """``r_n(L, p, s) = ((L + 1) s / n) log N + (s / n) log(p sqrt(n / s))`` (Appendix B, eq. def_sstar)."""
+    if not (n > 0 and s > 0):
+        raise ValueError(f"n and s must be positive, got {n, s}")
+    return (L + 1) * s / n * math.log(N) + s / n * math.log(p * math.sqrt(n / s))
+
+
+def eps_n(n: float, L: int, N: int, s: float, p: int, delta: float) -> float:
+    """``eps_n = sqrt(r_n) log^delta(n)`` (Lemma ``lmbound1``)."""
+    return math.sqrt(r_n(n, L, N, s, p)) * math.log(n) ** delta
+
+
+def s_n(s: float, n: float, delta: float) -> float:
+    """``s_n = s* log^(2 delta - 1)(n)`` (Section 3.2, before Lemma ``lmbound1``)."""
+    return s * math.log(n) ** (2 * delta - 1)
+
+
+def neg_log_lambda(n: float, L: int, N: int, p: int, delta: float) -> float:
+    """``-log lambda = log T + delta [(L + 1) log N + log(sqrt(n) p)]`` (Theorem ``formal_convergence``)."""
+    T = n_params(L, N, p)
+    return math.log(T) + delta * ((L + 1) * math.log(N) + math.log(math.sqrt(n) * p))
+
+
+def lambda_condition_max_m(n: float, L: int, N: int, s: float, p: int, delta: float) -> float:
+    """Largest ``M`` with ``lambda <= T^-1 exp(-M n r_n / s_n)`` for the Theorem's lambda.
+
+    Lemma ``lmbound1`` needs this for a diverging ``M``: ``M_max = (-log lambda - log T) s_n / (n r_n)``.
+    """
+    margin = neg_log_lambda(n, L, N, p, delta) - math.log(n_params(L, N, p))
+    return margin * s_n(s, n, delta) / (n * r_n(n, L, N, s, p))
+
+
+def sigma_n_bracket(p: int, B: float, N: int, squared: bool) -> float:
+    """``{(p+1+1/(BN-1))^(1 or 2) + 1/((2BN)^2-1) + 2/(2BN-1)^2}`` of sigma_n^2 and its bound."""
+    first = p + 1 + 1 / (B * N - 1)
+    return (first**2 if squared else first) + 1 / ((2 * B * N) ** 2 - 1) + 2 / (2 * B * N - 1) ** 2
+
+
+def log_sigma_n_sq(n: float, s: float, L: int, N: int, p: int, B: float, *, squared: bool = False) -> float:
+    """``log sigma_n^2`` of the proof of Lemma ``bound_elbo`` (log space: ``(2BN)^(-2L)`` underflows).
+
+    ``sigma_n^2 = s/(32 n) log(3N)^-1 (2BN)^(-2L) {(p+1+1/(BN-1)) + 1/((2BN)^2-1) + 2/(2BN-1)^2}^-1``;
+    ``squared=True`` uses ``(p+1+1/(BN-1))^2``, the form the proof's final algebra needs.
+    """
+    return (
+        math.log(s / (32 * n))
+        - math.log(math.log(3 * N))
+        - 2 * L * math.log(2 * B * N)
+        - math.log(sigma_n_bracket(p, B, N, squared))
+    )
+
+
+def cond_bound_sigma_sq(T: int, n: float, rn: float) -> float:
+    """Condition ``cond:bound``: ``sigma_k^2 <= 1 / (2 log(T / (r_n log^2 n)))``; NaN if the log is <= 0."""
+    arg = T / (rn * math.log(n) ** 2)
+    return 1 / (2 * math.log(arg)) if arg > 1 else math.nan
+
+
+@dataclass(frozen=True, kw_only=True)
+class GridPoint:
+    """One ``(n, L, N, s, p)`` configuration of the numerical grid."""
+
+    n: float
+    L: int
+    N: int
+    s: int
+    p: int
+
+    @property
+    def T(self) -> int:  # noqa: N802 - the paper's symbol
+        return n_params(self.L, self.N, self.p)
+
+
+def default_grid() -> Iterator[GridPoint]:
+    """n in 1e2..1e12, L in {1,2,4,8}, N in {2,8,32,128}, s in {1,10,100,1000}, p in {1,10,100}.
+
+    Points with ``s > T`` or ``s >= n`` are skipped (the oracle sparsity cannot exceed either).
+    """
+    for n, L, N, s, p in itertools.product(
+        (1e2, 1e3, 1e4, 1e6, 1e9, 1e12), (1, 2, 4, 8), (2, 8, 32, 128), (1, 10, 100, 1000), (1, 10, 100)
+    ):
+        point = GridPoint(n=n, L=L, N=N, s=s, p=p)
+        if s <= point.T and s < n:
+            yield point

@@ -1,0 +1,66 @@
+"""The verdict record returned by every Appendix A / Appendix B check."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["KINDS", "Kind", "Verdict", "format_table"]
+
+Kind = Literal["bound", "identity", "approximation-neither", "condition"]
+KINDS: tuple[str, ...] = ("bound", "identity", "approximation-neither", "condition")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """Outcome of checking one step of the paper against an accurate reference.
+
+    ``kind`` is what the step *is*: a valid ``bound``, an ``identity``, an ``approximation-neither``
+    (neither an upper nor a lower bound), or a ``condition`` (a hypothesis whose consistency is
+    checked).  ``holds`` says whether the paper's claim, as written, survived the check.
+    """
+
+    name: str
+    location: str
+    kind: Kind
+    claim: str
+    holds: bool
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if not self.name:
+            raise ValueError("name must be non-empty")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "location": self.location,
+            "kind": self.kind,
+            "claim": self.claim,
+            "holds": self.holds,
+            "details": dict(self.details),
+        }
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_table(verdicts: Sequence[Verdict], *, detail_keys: int = 3) -> str:
+    """A plain-text table: name | kind | holds | location | first few details."""
+    rows = [("check", "kind", "claim holds", "location", "details")]
+    for v in verdicts:
+        det = ", ".join(f"{k}={_short(x)}" for k, x in list(v.details.items())[:detail_keys])
+        rows.append((v.name, v.kind, "yes" if v.holds else "NO", v.location, det))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = []
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
+        if i == 0:
+            lines.append("-" * (sum(widths) + 8 + len(r[4])))
+    return "\n".join(lines)

@@ -1,0 +1,36 @@
+"""The command line: `python -m sqs_theory checks` and `python -m sqs_theory errata`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from sqs_theory.__main__ import main
+
+
+def test_checks_prints_a_verdict_table(capsys, tmp_path):
+    assert main(["checks", "--n-random", "2", "--json", str(tmp_path / "v.json")]) == 0
+    out = capsys.readouterr().out
+    for name in ("lemma-mix", "dominant-component", "gaussian-abs-mgf", "lambda-condition(delta=1.5)"):
+        assert name in out
+    verdicts = json.loads((tmp_path / "v.json").read_text())
+    by_name = {v["name"]: v for v in verdicts}
+    assert by_name["lemma-mix"]["holds"] and not by_name["dominant-component"]["holds"]
+
+
+def test_errata_writes_the_file(capsys, tmp_path):
+    out = tmp_path / "errata.json"
+    assert main(["errata", "--out", str(out)]) == 0
+    assert out.exists() and str(out) in capsys.readouterr().out
+
+
+def test_unknown_command_fails():
+    with pytest.raises(SystemExit):
+        main(["convergencex"])
+
+
+def test_module_entry_point_runs():
+    result = subprocess.run([sys.executable, "-m", "sqs_theory", "--help"], capture_output=True, text=True, check=True)
+    assert "errata" in result.stdout and "checks" in result.stdout

@@ -1,0 +1,105 @@
+"""KL machinery: quadrature against closed forms, the mpmath fallback, and the spike-and-slab identity."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqs_theory.kl import (
+    GaussianMixture,
+    kl_bernoulli,
+    kl_gaussian,
+    kl_gaussian_prior_variant,
+    kl_mixture,
+    kl_mixture_mp,
+    kl_spike_slab,
+    kl_spike_slab_smoothed,
+)
+
+from .strategies import gaussian_mixtures, means, prior_variances, probabilities, variances
+
+
+@given(m1=means, v1=variances, m0=means, v0=variances)
+def test_quadrature_matches_closed_form_for_single_gaussians(m1, v1, m0, v0):
+    quad = kl_mixture(GaussianMixture.single(m1, v1), GaussianMixture.single(m0, v0))
+    exact = float(kl_gaussian(m1, v1, m0, v0))
+    assert abs(quad - exact) <= 1e-9 * max(1.0, exact)
+
+
+@settings(max_examples=6)
+@given(p=gaussian_mixtures(k_max=2), q=gaussian_mixtures(k_max=2))
+def test_quadrature_matches_mpmath_fallback_for_mixtures(p, q):
+    quad, ref = kl_mixture(p, q), kl_mixture_mp(p, q, dps=20)
+    assert abs(quad - ref) <= 1e-9 * max(1.0, ref)
+
+
+@given(p=gaussian_mixtures(), q=gaussian_mixtures())
+def test_mixture_kl_is_nonnegative_and_zero_on_the_diagonal(p, q):
+    assert kl_mixture(p, q) >= 0.0
+    assert kl_mixture(p, p) <= 1e-10
+
+
+def test_mixture_kl_is_invariant_to_component_order_and_splitting():
+    p = GaussianMixture(weights=np.array([0.3, 0.7]), means=np.array([-1.0, 2.0]), variances=np.array([0.2, 0.5]))
+    split = GaussianMixture(
+        weights=np.array([0.7, 0.1, 0.2]),
+        means=np.array([2.0, -1.0, -1.0]),
+        variances=np.array([0.5, 0.2, 0.2]),
+    )
+    q = GaussianMixture.single(0.0, 1.0)
+    assert kl_mixture(p, q) == pytest.approx(kl_mixture(split, q), abs=1e-11)
+
+
+@given(a=st.floats(0.0, 1.0), b=probabilities)
+def test_bernoulli_kl_matches_definition(a, b):
+    direct = sum(x * math.log(x / y) for x, y in ((a, b), (1 - a, 1 - b)) if x > 0)
+    assert float(kl_bernoulli(a, b)) == pytest.approx(direct, abs=1e-12)
+    assert float(kl_bernoulli(b, b)) == pytest.approx(0.0, abs=1e-15)
+
+
+@settings(max_examples=10)
+@given(lt=probabilities, lam=probabilities, slab=gaussian_mixtures(k_max=3), s0=prior_variances)
+def test_spike_slab_kl_is_the_limit_of_smoothed_spikes(lt, lam, slab, s0):
+    """Atom and density are singular: the decomposition is exact, so the smoothed KL converges to it."""
+    exact = kl_spike_slab(lt, slab, lam, s0)
+    errs = [abs(kl_spike_slab_smoothed(lt, slab, lam, s0, spike_sd=e) - exact) for e in (1e-5, 1e-7)]
+    assert errs[1] <= 0.05 * errs[0] or errs[1] < 1e-9  # O(eps sqrt(log 1/eps)) decay
+    assert errs[1] <= 1e-3
+
+
+@given(slab=gaussian_mixtures(), lam=probabilities, s0=prior_variances)
+def test_spike_slab_limiting_gates(slab, lam, s0):
+    """Gate lt -> 0 is the pure spike; lt -> 1 is the slab."""
+    assert kl_spike_slab(0.0, slab, lam, s0) == pytest.approx(-math.log(1 - lam), rel=1e-12)
+    slab_kl = kl_mixture(slab, GaussianMixture.single(0.0, s0))
+    assert kl_spike_slab(1.0, slab, lam, s0) == pytest.approx(-math.log(lam) + slab_kl, rel=1e-12)
+
+
+@given(lt=st.floats(0.0, 1.0), slab=gaussian_mixtures(k_max=3), s0=prior_variances)
+def test_gaussian_prior_variant_limits_and_convexity(lt, slab, s0):
+    value = kl_gaussian_prior_variant(lt, slab, s0)
+    full = kl_mixture(slab, GaussianMixture.single(0.0, s0))
+    assert -1e-12 <= value <= lt * full + 1e-9
+    if lt == 0.0:
+        assert value == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"weights": np.array([0.5, 0.6]), "means": np.zeros(2), "variances": np.ones(2)},
+        {"weights": np.array([1.0]), "means": np.zeros(1), "variances": np.array([0.0])},
+        {"weights": np.array([0.5, 0.5]), "means": np.zeros(3), "variances": np.ones(2)},
+    ],
+)
+def test_invalid_mixture_is_rejected(kwargs):
+    with pytest.raises(ValueError):
+        GaussianMixture(**kwargs)
+
+
+def test_spike_slab_rejects_bad_probabilities():
+    with pytest.raises(ValueError, match="lam"):
+        kl_spike_slab(0.5, GaussianMixture.single(0.0, 1.0), 1.0, 1.0)

@@ -1,0 +1,107 @@
+"""Rates r_n, eps_n, s_n, the prior lambda, sigma_n^2 and Condition cond:bound."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sqs_theory.appendix_b_rates import (
+    bound_elbo_pre_algebra,
+    check_bound_elbo_algebra,
+    check_condition_implies_lemma_bound,
+    check_footnote_sigma_n,
+    check_lambda_condition,
+    check_r_n_lower,
+    check_sigma_n_algebra,
+)
+from sqs_theory.likelihood import ReluNet
+from sqs_theory.rates import (
+    cond_bound_sigma_sq,
+    eps_n,
+    lambda_condition_max_m,
+    log_sigma_n_sq,
+    n_params,
+    neg_log_lambda,
+    r_n,
+    s_n,
+    sigma_n_bracket,
+)
+
+from .strategies import grid_points
+
+
+@given(N=st.integers(1, 50), p=st.integers(1, 50))
+def test_parameter_count_matches_the_one_layer_net(N, p):
+    assert n_params(1, N, p) == ReluNet(d_in=p, width=N).n_params
+
+
+@given(g=grid_points(), delta=st.floats(0.1, 3.0))
+def test_lambda_margin_matches_its_closed_form(g, delta):
+    """M_max = delta log^{2 delta - 1}(n) A_full / A_rate (numerator and denominator below)."""
+    a_full = (g.L + 1) * math.log(g.N) + math.log(math.sqrt(g.n) * g.p)
+    a_rate = (g.L + 1) * math.log(g.N) + math.log(g.p * math.sqrt(g.n / g.s))
+    expected = delta * math.log(g.n) ** (2 * delta - 1) * a_full / a_rate
+    assert lambda_condition_max_m(g.n, g.L, g.N, g.s, g.p, delta) == pytest.approx(expected, rel=1e-9)
+    assert neg_log_lambda(g.n, g.L, g.N, g.p, delta) > math.log(g.T)
+
+
+@given(g=grid_points(), delta=st.floats(1.01, 3.0))
+def test_lambda_condition_holds_for_delta_above_one(g, delta):
+    floor = delta * math.log(g.n) ** (2 * delta - 1)
+    assert lambda_condition_max_m(g.n, g.L, g.N, g.s, g.p, delta) >= floor * (1 - 1e-12)
+    assert floor >= 1
+
+
+def test_lambda_condition_verdicts_on_the_grid():
+    assert check_lambda_condition(1.5).holds
+    assert not check_lambda_condition(0.5).holds
+    low = check_lambda_condition(0.25)
+    assert not low.holds and low.details["lines_failing"] == low.details["lines"]
+
+
+@given(g=grid_points(), delta=st.floats(1.0, 3.0))
+def test_rates_relations(g, delta):
+    rn = r_n(g.n, g.L, g.N, g.s, g.p)
+    assert rn > 0
+    assert eps_n(g.n, g.L, g.N, g.s, g.p, delta) ** 2 == pytest.approx(rn * math.log(g.n) ** (2 * delta), rel=1e-12)
+    assert s_n(g.s, g.n, delta) >= g.s
+    assert g.s / (2 * g.n) <= rn
+
+
+@given(
+    n=st.floats(1e2, 1e12),
+    s=st.integers(1, 1000),
+    L=st.integers(1, 8),
+    N=st.integers(2, 256),
+    p=st.integers(1, 100),
+)
+def test_sigma_n_definition_needs_the_square(n, s, L, N, p):
+    B = 3.0
+    verdict = check_sigma_n_algebra(n, s, L, N, p, B)
+    assert not verdict.holds
+    assert verdict.details["lhs_squared_sigma"] == pytest.approx(s / (2 * n), rel=1e-9)
+    ratio = sigma_n_bracket(p, B, N, True) / sigma_n_bracket(p, B, N, False)
+    assert verdict.details["ratio"] == pytest.approx(ratio, rel=1e-9) and ratio > 1
+
+
+@given(L=st.integers(1, 8), N=st.integers(2, 128), p=st.integers(1, 100), B=st.floats(2.01, 6.0))
+def test_some_algebra_chain_is_an_upper_bound(L, N, p, B):
+    final = 2 * (2 * B * N) ** (2 * L) * sigma_n_bracket(p, B, N, True)
+    assert bound_elbo_pre_algebra(L, N, p, B) <= final * (1 + 1e-12)
+
+
+def test_grid_verdicts():
+    assert check_bound_elbo_algebra().holds
+    assert check_r_n_lower().holds
+    foot = check_footnote_sigma_n()
+    assert foot.holds and foot.details["T"] != foot.details["NL"]
+    assert check_condition_implies_lemma_bound(1.5).holds
+
+
+@given(g=grid_points())
+def test_sigma_n_is_tiny_and_satisfies_condition_bound(g):
+    bound = cond_bound_sigma_sq(g.T, g.n, r_n(g.n, g.L, g.N, g.s, g.p))
+    if not math.isnan(bound):
+        assert log_sigma_n_sq(g.n, g.s, g.L, g.N, g.p, 3.0) <= math.log(bound)
