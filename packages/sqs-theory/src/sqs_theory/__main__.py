@@ -1,4 +1,4 @@
-"""Command line: ``python -m sqs_theory {errata,checks}``."""
+"""Command line: ``python -m sqs_theory {errata,checks,convergence}``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .checks import all_verdicts
+from .convergence import TIERS, write_study
 from .errata import build_errata, write_errata
 from .verdict import format_table
 
 DEFAULT_ERRATA = Path("docs/results/theory/errata.json")
+DEFAULT_CONVERGENCE = Path("docs/results/theory/convergence")
 
 
 def _errata(args: argparse.Namespace) -> int:
@@ -33,6 +35,14 @@ def _checks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convergence(args: argparse.Namespace) -> int:
+    json_path, png_path = write_study(args.tier, args.out)
+    result = json.loads(json_path.read_text())
+    print(f"slope {result['slope']} CI {result['slope_ci']} (theory {result['theory_slope']})")
+    print(f"wrote {json_path} and {png_path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sqs-theory", description="Numerical checks of the SQS paper's theory.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     checks.add_argument("--details", type=int, default=3, help="detail fields shown per row (default 3)")
     checks.add_argument("--json", type=Path, default=None, help="also write the verdicts as JSON here")
     checks.set_defaults(func=_checks)
+
+    conv = sub.add_parser("convergence", help="Hellinger convergence study on synthetic sparse ReLU regression")
+    conv.add_argument("--tier", choices=sorted(TIERS), default="quick", help="study size (default quick)")
+    conv.add_argument(
+        "--out", type=Path, default=DEFAULT_CONVERGENCE, help=f"output dir (default {DEFAULT_CONVERGENCE})"
+    )
+    conv.set_defaults(func=_convergence)
     return parser
 
 
