@@ -1,0 +1,196 @@
+"""CIFAR-10 in the official python-pickle layout, read without torchvision.
+
+The data directory comes from an explicit argument, else the ``SQS_DATA_DIR`` environment variable. It holds
+``cifar-10-batches-py/`` (``data_batch_1`` … ``data_batch_5``, ``test_batch``) as unpacked from the official
+"CIFAR-10 python version" archive. Images are kept as uint8 NCHW tensors; :func:`normalize` turns a batch
+into the float input the pretrained models expect, and :func:`augment` is the standard CIFAR augmentation
+(random 32×32 crop of the 4-pixel zero-padded image, random horizontal flip) driven by a ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "CIFAR10_DIR",
+    "CIFAR10_URL",
+    "FULL_SIZES",
+    "MEAN",
+    "STD",
+    "CifarSplits",
+    "DataNotFoundError",
+    "augment",
+    "iterate_batches",
+    "load_cifar10",
+    "load_splits",
+    "normalize",
+    "resolve_data_dir",
+    "train_val_split",
+]
+
+CIFAR10_DIR = "cifar-10-batches-py"
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+# dataset -> (folder, training files, test file, label key); both from the official python versions
+_LAYOUTS = {
+    "cifar10": (CIFAR10_DIR, tuple(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "labels"),
+    "cifar100": ("cifar-100-python", ("train",), "test", "fine_labels"),
+}
+FULL_SIZES = {"cifar10": (50_000, 10_000), "cifar100": (50_000, 10_000)}
+"""(train, test) image counts of the complete datasets."""
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+_ENV = "SQS_DATA_DIR"
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A data file or folder the benchmark needs is missing; the message says which and where to get it."""
+
+
+def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
+    """``data_dir`` if given, else ``$SQS_DATA_DIR``; :class:`DataNotFoundError` if it is not a folder."""
+    raw = data_dir if data_dir is not None else os.environ.get(_ENV)
+    if raw is None or str(raw) == "":
+        raise DataNotFoundError(
+            f"no data directory: pass --data-dir or set {_ENV} to the folder holding {CIFAR10_DIR}/ "
+            f"(the CIFAR-10 python version from {CIFAR10_URL}, unpacked)"
+        )
+    path = Path(raw).expanduser()
+    if not path.is_dir():
+        raise DataNotFoundError(f"data directory {path} does not exist (from {'argument' if data_dir else _ENV})")
+    return path
+
+
+def _read_batch(path: Path, label_key: str = "labels") -> tuple[torch.Tensor, torch.Tensor]:
+    """One pickled batch -> (uint8 images (N, 3, 32, 32), int64 labels (N,))."""
+    if not path.is_file():
+        raise DataNotFoundError(
+            f"missing CIFAR file {path}: download the CIFAR python version from {CIFAR10_URL} "
+            f"and unpack it so that {path.parent.name}/{path.name} exists"
+        )
+    with path.open("rb") as f:
+        batch = pickle.load(f, encoding="latin1")
+    data = torch.as_tensor(batch["data"], dtype=torch.uint8)  # (N, 3072), channel-major rows
+    labels = torch.as_tensor(batch[label_key], dtype=torch.int64)
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.shape[0] != labels.shape[0]:
+        raise ValueError(f"{path}: unexpected shapes data {tuple(data.shape)}, labels {tuple(labels.shape)}")
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+def load_cifar10(
+    data_dir: str | Path | None = None, *, train: bool, dataset: str = "cifar10"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training (``data_batch_1..5``) or test (``test_batch``) images and labels.
+
+    ``dataset="cifar100"`` reads ``cifar-100-python/{train,test}`` (fine labels) instead.
+    """
+    if dataset not in _LAYOUTS:
+        raise ValueError(f"unknown dataset {dataset!r}; expected one of {sorted(_LAYOUTS)}")
+    folder_name, train_files, test_file, label_key = _LAYOUTS[dataset]
+    folder = resolve_data_dir(data_dir) / folder_name
+    names = train_files if train else (test_file,)
+    parts = [_read_batch(folder / name, label_key) for name in names]
+    images = torch.cat([p[0] for p in parts])
+    labels = torch.cat([p[1] for p in parts])
+    return images.contiguous(), labels
+
+
+def train_val_split(labels: torch.Tensor, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic class-stratified split of indices into (train, validation), seeded."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    generator = torch.Generator().manual_seed(seed)
+    train_parts, val_parts = [], []
+    for cls in torch.unique(labels).tolist():
+        idx = torch.nonzero(labels == cls).flatten()
+        idx = idx[torch.randperm(idx.numel(), generator=generator)]
+        n_val = round(val_fraction * idx.numel())
+        val_parts.append(idx[:n_val])
+        train_parts.append(idx[n_val:])
+    return torch.sort(torch.cat(train_parts)).values, torch.sort(torch.cat(val_parts)).values
+
+
+@dataclass(frozen=True)
+class CifarSplits:
+    """uint8 images (N, 3, 32, 32) and int64 labels for train / validation / test."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+    def subset(self, *, train: int | None = None, val: int | None = None, test: int | None = None) -> CifarSplits:
+        """The first ``train`` / ``val`` / ``test`` images of each split (None keeps all)."""
+        return CifarSplits(
+            self.train_x[:train],
+            self.train_y[:train],
+            self.val_x[:val],
+            self.val_y[:val],
+            self.test_x[:test],
+            self.test_y[:test],
+        )
+
+
+def load_splits(
+    data_dir: str | Path | None = None, *, val_fraction: float = 0.1, seed: int = 0, dataset: str = "cifar10"
+) -> CifarSplits:
+    """Training images split into train/validation (for model selection) plus the untouched test set."""
+    images, labels = load_cifar10(data_dir, train=True, dataset=dataset)
+    train_idx, val_idx = train_val_split(labels, val_fraction, seed)
+    test_x, test_y = load_cifar10(data_dir, train=False, dataset=dataset)
+    return CifarSplits(images[train_idx], labels[train_idx], images[val_idx], labels[val_idx], test_x, test_y)
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (N, 3, H, W) -> float32 scaled to [0, 1] and standardised with :data:`MEAN`, :data:`STD`."""
+    mean = torch.tensor(MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(STD).view(1, 3, 1, 1)
+    return (images.float() / 255.0 - mean) / std
+
+
+def augment(images: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
+    """Random crop of the zero-padded image (same size as the input) and random horizontal flip."""
+    n, _, h, w = images.shape
+    padded = torch.nn.functional.pad(images, (padding, padding, padding, padding))  # (N, C, H+2p, W+2p)
+    dy = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    rows = (dy[:, None] + torch.arange(h))[:, None, :, None]  # (N, 1, H, 1)
+    cols = (dx[:, None] + torch.arange(w))[:, None, None, :]  # (N, 1, 1, W)
+    batch = torch.arange(n)[:, None, None, None]
+    channels = torch.arange(images.shape[1])[None, :, None, None]
+    cropped = padded[batch, channels, rows, cols]  # (N, C, H, W)
+    flip = torch.rand(n, generator=generator) < 0.5
+    return torch.where(flip[:, None, None, None], cropped.flip(-1), cropped)
+
+
+def iterate_batches(
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    batch_size: int,
+    *,
+    generator: torch.Generator | None = None,
+    shuffle: bool = False,
+    augmentation: bool = False,
+    drop_last: bool = False,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield normalized float batches ``(x, y)``; shuffling and augmentation draw from ``generator``."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if (shuffle or augmentation) and generator is None:
+        raise ValueError("shuffle/augmentation need a torch.Generator for reproducibility")
+    n = images.shape[0]
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    stop = n - n % batch_size if drop_last else n
+    for start in range(0, stop, batch_size):
+        idx = order[start : start + batch_size]
+        x = images[idx]
+        if augmentation:
+            x = augment(x, generator)  # type: ignore[arg-type]
+        yield normalize(x), labels[idx]

@@ -1,0 +1,254 @@
+"""Markdown tables and PNG plots built from result JSON files only (nothing is re-run).
+
+One section per recipe; the recipe's ``report.kind`` picks the view: ``table1`` (method comparison, the
+paper's columns), ``samples`` (drop vs M), ``greedy_vs_bayes`` (drop vs K, greedy and Bayesian averaging),
+``prior`` (drop vs non-zero rate per prior), anything else a flat table. The paper's own numbers are printed
+in a separate table labelled as reported by the paper, never mixed into ours.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+__all__ = ["build_report", "load_results", "rows"]
+
+logger = logging.getLogger(__name__)
+
+
+def load_results(results_dir: str | Path) -> list[dict[str, Any]]:
+    """Every result JSON under ``results_dir`` (recursively), sorted by run id."""
+    paths = sorted(Path(results_dir).rglob("*.json"))
+    results = [json.loads(p.read_text()) for p in paths]
+    results = [r for r in results if isinstance(r, dict) and "metrics" in r and "run_id" in r]
+    if not results:
+        raise FileNotFoundError(f"no result JSON files under {results_dir}")
+    return sorted(results, key=lambda r: r["run_id"])
+
+
+def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per evaluation of a result (SQS: greedy and each M; baselines: one)."""
+    m, config = result["metrics"], result["config"]
+    prior = config.get("sqs", {}).get("prior", {}).get("kind", "spike_slab") if m["method"] == "sqs" else None
+    base = {
+        "model": m["model"],
+        "method": m["method"],
+        "bits": m["bits"],
+        "nonzero": m["nonzero"],
+        "rate_paper": m["compression_rate_paper"],
+        "rate_file": m["compression_rate_file"],
+        "fp32_acc": m["fp32_acc"],
+        "prior": prior,
+        "label": result["label"],
+        "n": m["test_images"],
+    }
+    return [{**base, **ev, "primary": ev["name"] == m["inference"]} for ev in result["evaluations"]]
+
+
+def _num(value: Any, fmt: str = "{:.2f}") -> str:
+    return "–" if value is None else fmt.format(value)
+
+
+def _drop(row: dict[str, Any]) -> str:
+    lo, hi = row["drop_ci"]
+    return f"{row['drop']:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def _comp_type(row: dict[str, Any]) -> str:
+    pruned, quantized = row["nonzero"] < 1.0, row["bits"] < 32
+    return "P+Q" if pruned and quantized else ("P" if pruned else "Q")
+
+
+def _markdown(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(lines)
+
+
+def _paper_table(paper: dict[str, Any]) -> str:
+    """The paper's reported rows for this experiment, verbatim keys."""
+    reported = paper.get("rows", [])
+    if not reported:
+        return f"_{paper['note']}_" if "note" in paper else ""
+    keys = list(dict.fromkeys(k for row in reported for k in row))
+    body = [[str(row.get(k, "")) for k in keys] for row in reported]
+    fp32 = f", fp32 {paper['fp32_acc']}%" if "fp32_acc" in paper else ""
+    title = f"Reported by the paper (not re-run here; {paper.get('model', 'paper model')}{fp32}):"
+    return title + "\n\n" + _markdown(keys, body)
+
+
+def _table1(group: list[dict]) -> tuple[str, list[dict]]:
+    primary = [r for r in group if r["primary"]]
+    header = [
+        "Method",
+        "Type",
+        "Bits",
+        "Non-zero (%)",
+        "Rate (paper eq.)",
+        "Rate (file)",
+        "fp32 acc",
+        "Acc",
+        "Drop [95% CI]",
+        "Val acc",
+    ]
+    body = [
+        [
+            r["method"],
+            _comp_type(r),
+            _num(r["bits"], "{:g}"),
+            _num(100 * r["nonzero"], "{:.1f}"),
+            _num(r["rate_paper"], "{:.1f}×"),
+            _num(r["rate_file"], "{:.1f}×"),
+            _num(r["fp32_acc"]),
+            _num(r["acc"]),
+            _drop(r),
+            _num(r["val_acc"]),
+        ]
+        for r in primary
+    ]
+    return _markdown(header, body), primary
+
+
+def _by_inference(group: list[dict]) -> str:
+    header = [
+        "Model",
+        "Run",
+        "Bits",
+        "Non-zero (%)",
+        "Prior",
+        "Inference",
+        "M",
+        "Acc",
+        "Drop [95% CI]",
+        "Val acc",
+    ]
+    body = [
+        [
+            r["model"],
+            r["label"],
+            _num(r["bits"], "{:g}"),
+            _num(100 * r["nonzero"], "{:.1f}"),
+            r["prior"] or "–",
+            r["inference"],
+            _num(r["samples"], "{:d}"),
+            _num(r["acc"]),
+            _drop(r),
+            _num(r["val_acc"]),
+        ]
+        for r in group
+    ]
+    return _markdown(header, body)
+
+
+def _errorbar(ax, xs: list, group: list[dict], label: str, **kwargs) -> None:
+    ys = [r["drop"] for r in group]
+    err = [[r["drop"] - r["drop_ci"][0] for r in group], [r["drop_ci"][1] - r["drop"] for r in group]]
+    ax.errorbar(xs, ys, yerr=err, capsize=3, label=label, **kwargs)
+
+
+def _plot_table1(ax, primary: list[dict], paper: dict) -> None:
+    for r in primary:
+        _errorbar(ax, [r["rate_paper"]], [r], r["method"], marker="o", linestyle="none")
+    for row in paper.get("rows", []):
+        ax.scatter([row["compression_rate"]], [row["drop"]], marker="x", color="gray")
+        ax.annotate(f"{row['method']} (paper)", (row["compression_rate"], row["drop"]), fontsize=7)
+    ax.set_xlabel("compression rate (paper's formula)")
+
+
+def _plot_samples(ax, group: list[dict], paper: dict) -> None:
+    bayes = sorted((r for r in group if r["inference"] == "bayes"), key=lambda r: r["samples"])
+    _errorbar(ax, [r["samples"] for r in bayes], bayes, "Bayesian averaging (ours)", marker="o")
+    for r in (r for r in group if r["inference"] == "greedy"):
+        ax.axhline(r["drop"], linestyle="--", color="gray", label="greedy (ours)")
+    reported = paper.get("rows", [])
+    if reported:
+        ax.plot(
+            [p["samples"] for p in reported],
+            [p["drop"] for p in reported],
+            "x:",
+            color="gray",
+            label=f"paper, {paper.get('model', '')}",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("M (samples)")
+
+
+def _plot_series(ax, group: list[dict], x: str, series: str, xlabel: str) -> None:
+    buckets: dict[tuple, list[dict]] = defaultdict(list)
+    for r in group:
+        buckets[(r["model"], r[series])].append(r)
+    for (model, name), members in sorted(buckets.items(), key=lambda kv: str(kv[0])):
+        members.sort(key=lambda r: r[x])
+        _errorbar(ax, [r[x] for r in members], members, f"{model} {name}", marker="o")
+    ax.set_xlabel(xlabel)
+
+
+def _section(recipe: str, results: list[dict], out_dir: Path) -> str:
+    """Markdown for one recipe plus its PNG (written to ``out_dir``)."""
+    first = results[0]
+    kind, paper, meta = first["report"].get("kind", "flat"), first["paper"], first["meta"]
+    group = [row for result in results for row in rows(result)]
+    lines = [f"## {meta.get('title') or recipe}", ""]
+    if meta.get("substitute"):
+        lines += [f"**{meta['substitute']}**", ""]
+    fp32 = {r["metrics"]["model"]: r["metrics"]["fp32_acc"] for r in results}
+    fp32_text = ", ".join(f"{model} {acc:.2f}%" for model, acc in sorted(fp32.items()))
+    lines += [
+        f"Tier `{first['tier']}`, {first['metrics']['test_images']} test images, fp32 accuracy {fp32_text}; "
+        "drops in points with paired bootstrap 95% intervals.",
+        "",
+    ]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if kind == "table1":
+        table, primary = _table1(group)
+        _plot_table1(ax, primary, paper)
+    else:
+        table = _by_inference(group)
+        if kind == "samples":
+            _plot_samples(ax, group, paper)
+        elif kind == "greedy_vs_bayes":
+            _plot_series(ax, [dict(r, K=2 ** r["bits"]) for r in group], "K", "inference", "K (components)")
+            ax.set_xscale("log", base=2)
+        else:
+            _plot_series(ax, [r for r in group if r["primary"]], "nonzero", "prior", "non-zero rate")
+    ax.set_ylabel("top-1 accuracy drop (points)")
+    ax.set_title(meta.get("title") or recipe, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    png = out_dir / f"{recipe}.png"
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    lines += [table, "", _paper_table(paper), "", f"![{recipe}]({png.name})", ""]
+    return "\n".join(lines)
+
+
+def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write ``report.md`` and one PNG per recipe into ``out_dir`` (default: ``results_dir``)."""
+    results = load_results(results_dir)
+    out = Path(out_dir) if out_dir is not None else Path(results_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    by_recipe: dict[str, list[dict]] = defaultdict(list)
+    for result in results:
+        by_recipe[result["recipe"]].append(result)
+    commits = sorted({str(r["git_commit"]) for r in results})
+    machine = results[0]["machine"]
+    parts = [
+        "# SQS benchmark results",
+        "",
+        f"Commit(s): {', '.join(commits)}. Machine: {machine['platform']}, {machine['cpu_count']} CPUs, "
+        f"torch {machine['torch']}.",
+        "",
+    ]
+    parts += [_section(recipe, group, out) for recipe, group in sorted(by_recipe.items())]
+    path = out / "report.md"
+    path.write_text("\n".join(parts))
+    logger.info("wrote %s (%d results)", path, len(results))
+    return path

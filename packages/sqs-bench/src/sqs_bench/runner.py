@@ -1,0 +1,277 @@
+"""Run a suite of recipes for a tier and write one result JSON per run.
+
+Each result holds the full run config, the seed, the git commit (``git rev-parse HEAD`` or null), a machine
+description, the wall time, the method's record, and ``metrics``: model, method, bits, nonzero,
+compression_rate_paper, compression_rate_file (null without an artifact), fp32_acc, acc, drop (points) and
+drop_ci (paired bootstrap 95% interval), all on the same test images; validation accuracies (a split of the
+training images) are recorded beside them for model selection. ``evaluations`` lists every inference mode
+of the run (SQS: greedy and Bayesian averaging for each M), ``predictions`` the raw test predictions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sqs_bench import baselines
+from sqs_bench.config import expand_recipe, load_recipe, load_suite
+from sqs_bench.data import CIFAR10_URL, FULL_SIZES, CifarSplits, DataNotFoundError, load_splits
+from sqs_bench.models import load_model, require_timm
+from sqs_bench.stats import accuracy, paired_bootstrap_drop_ci
+from sqs_bench.train import Budget, predict
+
+__all__ = ["SCHEMA_VERSION", "git_commit", "machine", "run_config", "run_suite", "suite_configs"]
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+_BASELINES: dict[str, tuple[Callable[..., tuple[nn.Module, dict]], tuple[str, ...]]] = {
+    "magnitude_kmeans": (baselines.magnitude_kmeans, ("bits", "nonzero")),
+    "uniform": (baselines.uniform, ("bits", "nonzero")),
+    "dgms": (baselines.dgms, ("bits",)),
+}
+METHODS = ("sqs", *_BASELINES)
+_NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
+
+
+def git_commit() -> str | None:
+    """``git rev-parse HEAD`` of the checkout holding this package, or None outside git."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def machine() -> dict[str, Any]:
+    """Platform, CPU count, thread count and library versions of this process."""
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def suite_configs(suite: str, tier: str) -> list[dict[str, Any]]:
+    """Every run configuration of ``suite`` for ``tier``."""
+    return [config for name in load_suite(suite) for config in expand_recipe(load_recipe(name), tier)]
+
+
+def _data(config: dict, data_dir: str | Path | None, cache: dict) -> CifarSplits:
+    """The (cached) splits of a run, checked for completeness when the tier requires the full dataset."""
+    dataset = config.get("dataset", "cifar10")
+    key = (dataset, config.get("val_fraction", 0.1), config.get("seed", 0))
+    if key not in cache:
+        cache[key] = load_splits(data_dir, val_fraction=key[1], seed=key[2], dataset=dataset)
+    splits = cache[key]
+    if config.get("requires_full_data"):
+        found = (splits.train_x.shape[0] + splits.val_x.shape[0], splits.test_x.shape[0])
+        if found != FULL_SIZES[dataset]:
+            raise DataNotFoundError(
+                f"tier {config['tier']!r} needs the complete {dataset} ({FULL_SIZES[dataset][0]:,} train / "
+                f"{FULL_SIZES[dataset][1]:,} test images, from {CIFAR10_URL}); the data directory holds "
+                f"{found[0]:,} / {found[1]:,}"
+            )
+    return splits.subset(val=config.get("val_images"), test=config.get("test_images"))
+
+
+def check_requirements(configs: list[dict], data_dir: str | Path | None, cache: dict) -> None:
+    """Fail before any compute if a run's method, model library or data is missing."""
+    for config in configs:
+        if config["method"] not in METHODS:
+            raise ValueError(f"{config['run_id']}: unknown method {config['method']!r}; expected {METHODS}")
+        if config["model"].startswith("timm:"):
+            require_timm()
+        _data(config, data_dir, cache)
+
+
+def _checkpoint(config: dict) -> str | None:
+    """``checkpoint_pattern`` with ``{arch}`` filled in (timm models of the paper tier), else None."""
+    pattern = config.get("checkpoint_pattern")
+    return pattern.format(arch=config["model"].removeprefix("timm:")) if pattern else None
+
+
+def _budget(config: dict) -> Budget:
+    keys = ("epochs", "batch_size", "max_batches", "seed", "bn_images")
+    return Budget(**{k: config[k] for k in keys if k in config})
+
+
+def _run_method(config: dict, model: nn.Module, data: CifarSplits, out_dir: Path) -> tuple[dict, list[dict]]:
+    """(record, evaluations with val/test predictions) of the run's method."""
+    budget, options = _budget(config), dict(config.get("options", {}))
+    if config["method"] == "sqs":
+        from sqs_bench.sqs_method import run_sqs
+
+        artifact = out_dir / "artifacts" / f"{config['run_id']}.sqs"
+        return run_sqs(
+            model,
+            data,
+            budget,
+            bits=config["bits"],
+            nonzero=config["nonzero"],
+            artifact=artifact,
+            sqs_config=config.get("sqs", {}),
+            **options,
+        )
+    function, keys = _BASELINES[config["method"]]
+    compressed, record = function(model, data, budget, **{k: config[k] for k in keys}, **options)
+    evaluation = {
+        "name": "hard",
+        "inference": "hard",
+        "samples": None,
+        "val_preds": predict(compressed, data.val_x),
+        "test_preds": predict(compressed, data.test_x),
+    }
+    return record, [evaluation]
+
+
+def _score(evaluations: list[dict], fp32: dict, data: CifarSplits, config: dict) -> list[dict]:
+    """Accuracy, drop and its paired bootstrap interval of each evaluation (predictions stay out)."""
+    scored = []
+    for ev in evaluations:
+        acc = accuracy(ev["test_preds"], data.test_y)
+        ci = paired_bootstrap_drop_ci(
+            data.test_y,
+            fp32["test"],
+            ev["test_preds"],
+            resamples=config.get("bootstrap_resamples", 2000),
+            seed=config.get("seed", 0),
+        )
+        scored.append(
+            {
+                "name": ev["name"],
+                "inference": ev["inference"],
+                "samples": ev["samples"],
+                "acc": acc,
+                "drop": fp32["acc"] - acc,
+                "drop_ci": list(ci),
+                "val_acc": accuracy(ev["val_preds"], data.val_y) if len(data.val_y) else None,
+            }
+        )
+    return scored
+
+
+def _fp32(config: dict, model: nn.Module, data: CifarSplits, cache: dict) -> dict:
+    key = (
+        "fp32",
+        config["model"],
+        config.get("dataset"),
+        config.get("val_fraction"),
+        config.get("seed"),
+        len(data.test_y),
+        len(data.val_y),
+    )
+    if key not in cache:
+        val, test = predict(model, data.val_x), predict(model, data.test_x)
+        cache[key] = {
+            "test": test,
+            "acc": accuracy(test, data.test_y),
+            "val_acc": accuracy(val, data.val_y) if len(data.val_y) else None,
+        }
+    return cache[key]
+
+
+def _metrics(config: dict, record: dict, fp32: dict, primary: dict, n_test: int) -> dict:
+    return {
+        "model": config["model"],
+        "method": config["method"],
+        "bits": record["bits"],
+        "nonzero": record["nonzero"],
+        "compression_rate_paper": record["compression_rate_paper"],
+        "compression_rate_file": record.get("compression_rate_file"),
+        "fp32_acc": fp32["acc"],
+        "acc": primary["acc"],
+        "drop": primary["drop"],
+        "drop_ci": primary["drop_ci"],
+        "inference": primary["name"],
+        "val_acc": primary["val_acc"],
+        "fp32_val_acc": fp32["val_acc"],
+        "test_images": n_test,
+    }
+
+
+def run_config(config: dict, data_dir: str | Path | None, out_dir: Path, cache: dict | None = None) -> dict:
+    """Run one configuration, write ``<out_dir>/<run_id>.json`` and return the result."""
+    cache = {} if cache is None else cache
+    torch.manual_seed(config.get("seed", 0))
+    data = _data(config, data_dir, cache)
+    num_classes = _NUM_CLASSES[config.get("dataset", "cifar10")]
+    model = load_model(config["model"], data_dir, checkpoint=_checkpoint(config), num_classes=num_classes)
+    fp32 = _fp32(config, model, data, cache)
+    start = time.perf_counter()
+    record, evaluations = _run_method(config, model, data, out_dir)
+    wall = time.perf_counter() - start
+    scored = _score(evaluations, fp32, data, config)
+    primary = next(s for s in scored if s["name"] == record.get("primary", scored[0]["name"]))
+    result = {
+        "schema": SCHEMA_VERSION,
+        "run_id": config["run_id"],
+        "recipe": config["recipe"],
+        "tier": config["tier"],
+        "label": config["label"],
+        "meta": config["meta"],
+        "seed": config.get("seed", 0),
+        "git_commit": git_commit(),
+        "machine": machine(),
+        "wall_time_s": wall,
+        "metrics": _metrics(config, record, fp32, primary, len(data.test_y)),
+        "evaluations": scored,
+        "record": record,
+        "paper": config["paper"],
+        "report": config["report"],
+        "config": {k: v for k, v in config.items() if k not in ("paper", "report", "meta")},
+    }
+    predictions = {
+        "labels": data.test_y.tolist(),
+        "fp32": fp32["test"].tolist(),
+        **{ev["name"]: ev["test_preds"].tolist() for ev in evaluations},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # predictions on one line each, the rest indented: readable and still small
+    text = json.dumps(result, indent=1)[:-2] + ',\n "predictions": ' + json.dumps(predictions) + "\n}\n"
+    (out_dir / f"{config['run_id']}.json").write_text(text)
+    result["predictions"] = predictions
+    logger.info("%s: acc %.2f (fp32 %.2f) in %.1fs", config["run_id"], primary["acc"], fp32["acc"], wall)
+    return result
+
+
+def run_suite(
+    suite: str,
+    tier: str,
+    data_dir: str | Path | None,
+    out_dir: str | Path,
+    *,
+    on_result: Callable[[dict], None] | None = None,
+    only: Callable[[dict], bool] | None = None,
+) -> list[dict]:
+    """Run every configuration of ``suite`` × ``tier`` (optionally filtered by ``only``)."""
+    configs = [c for c in suite_configs(suite, tier) if only is None or only(c)]
+    cache: dict = {}
+    check_requirements(configs, data_dir, cache)
+    results = []
+    for config in configs:
+        result = run_config(config, data_dir, Path(out_dir), cache)
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results

@@ -1,0 +1,73 @@
+"""Recipes, suites and tiers expand into the intended runs."""
+
+from __future__ import annotations
+
+import pytest
+from sqs_bench.config import TIERS, expand_recipe, list_recipes, load_recipe, merge
+from sqs_bench.runner import METHODS, suite_configs
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("name", list_recipes())
+def test_every_recipe_expands_for_every_tier(name, tier):
+    configs = expand_recipe(load_recipe(name), tier)
+    assert configs and len({c["run_id"] for c in configs}) == len(configs)
+    for config in configs:
+        assert config["method"] in METHODS and config["tier"] == tier
+        assert "rows" in config["paper"] and "kind" in config["report"]
+
+
+def test_default_suite_is_table1_resnet20_with_four_methods():
+    configs = suite_configs("default", "cpu")
+    assert {c["method"] for c in configs} == {"sqs", "dgms", "magnitude_kmeans", "uniform"}
+    assert {(c["model"], c["bits"], c["nonzero"], c["epochs"], c["batch_size"]) for c in configs} == {
+        ("resnet20", 2, 0.5, 10, 128)
+    }
+
+
+def test_cifar10_suite_holds_table1_and_the_labelled_ablations():
+    configs = suite_configs("cifar10", "cpu")
+    table1 = [c for c in configs if c["recipe"].startswith("table1")]
+    assert {c["model"] for c in table1} == {"resnet20", "resnet32", "resnet56"} and len(table1) == 12
+    prior = [c for c in configs if c["recipe"] == "ablation_prior"]
+    assert sorted((c["nonzero"], c["sqs"]["prior"]["kind"]) for c in prior) == sorted(
+        (nz, kind) for nz in (0.5, 0.4, 0.3, 0.2) for kind in ("spike_slab", "gaussian")
+    )
+    greedy = [c for c in configs if c["recipe"] == "ablation_greedy_vs_bayes"]
+    assert sorted((c["model"], 2 ** c["bits"]) for c in greedy) == sorted(
+        (m, k) for m in ("resnet20", "resnet56") for k in (2, 4, 8, 16)
+    )
+    assert all(c["nonzero"] == 1.0 for c in greedy)
+    (samples,) = [c for c in configs if c["recipe"] == "ablation_bayes_samples"]
+    assert samples["bits"] == 4 and samples["nonzero"] == 0.5
+    assert sorted(samples["options"]["samples"]) == [1, 4, 5, 20, 50]
+    for config in prior + greedy + [samples]:
+        assert config["meta"]["substitute"].startswith("SUBSTITUTE")
+
+
+def test_tiers_override_the_budget_and_models():
+    smoke = suite_configs("default", "smoke")
+    assert all(c["epochs"] == 1 and c["max_batches"] == 2 and c["test_images"] == 64 for c in smoke)
+    paper = expand_recipe(load_recipe("ablation_prior"), "paper")
+    assert {c["model"] for c in paper} == {"timm:resnet18"} and {c["dataset"] for c in paper} == {"cifar100"}
+    assert all(c["options"]["quant_lr"] == 5e-4 and c["options"]["gate_lr"] == 0.012 for c in paper)
+    greedy = expand_recipe(load_recipe("ablation_greedy_vs_bayes"), "paper")
+    assert {c["model"] for c in greedy} == {"timm:resnet18", "timm:resnet50"}
+    assert all(c["requires_full_data"] for c in paper + greedy)
+
+
+def test_merge_is_recursive_and_does_not_alias():
+    base = {"a": {"b": 1, "c": [1]}, "d": 2}
+    out = merge(base, {"a": {"b": 3}, "e": 4})
+    assert out == {"a": {"b": 3, "c": [1]}, "d": 2, "e": 4}
+    out["a"]["c"].append(2)
+    assert base["a"]["c"] == [1]
+
+
+def test_unknown_names_fail_clearly():
+    with pytest.raises(FileNotFoundError, match="table1_resnet20"):
+        load_recipe("no_such_recipe")
+    with pytest.raises(ValueError, match="cifar10"):
+        suite_configs("nope", "cpu")
+    with pytest.raises(ValueError, match="smoke"):
+        expand_recipe(load_recipe("table1_resnet20"), "gpu")

@@ -1,0 +1,52 @@
+"""The CIFAR ResNets: shapes, sizes, option-A shortcuts, and the real checkpoints' accuracy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sqs_bench.data import DataNotFoundError, load_cifar10
+from sqs_bench.models import BasicBlock, build_model, load_pretrained
+from sqs_bench.train import predict
+
+# He et al. (2016), Table 6: 0.27M / 0.46M / 0.85M parameters.
+PARAMS_M = {"resnet20": 0.27, "resnet32": 0.46, "resnet56": 0.85}
+# shared/data/README.md: measured top-1 on the 1,017 test images of the subset.
+README_ACCURACY = {"resnet20": 91.64, "resnet32": 92.82, "resnet56": 92.72}
+
+
+@pytest.mark.parametrize("name", sorted(PARAMS_M))
+def test_shapes_and_sizes(name):
+    model = build_model(name).eval()
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert round(sum(p.numel() for p in model.parameters()) / 1e6, 2) == PARAMS_M[name]
+
+
+def test_option_a_shortcut_subsamples_and_zero_pads_both_sides():
+    block = BasicBlock(16, 32, stride=2)
+    x = torch.randn(1, 16, 8, 8)
+    short = block.shortcut(x)
+    assert short.shape == (1, 32, 4, 4)
+    assert torch.equal(short[:, 8:24], x[:, :, ::2, ::2])
+    assert short[:, :8].abs().sum() == 0 and short[:, 24:].abs().sum() == 0
+    assert block(x).shape == (1, 32, 4, 4)
+
+
+def test_unknown_model_and_missing_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="resnet20"):
+        build_model("resnet18")
+    with pytest.raises(DataNotFoundError, match="resnet32-"):
+        load_pretrained("resnet32", tmp_path)
+
+
+def test_fake_checkpoint_loads_strictly(fake_data_dir):
+    model = load_pretrained("resnet20", fake_data_dir)
+    assert not model.training
+
+
+@pytest.mark.data
+@pytest.mark.parametrize("name", sorted(README_ACCURACY))
+def test_checkpoint_reproduces_measured_accuracy(data_dir, name):
+    images, labels = load_cifar10(data_dir, train=False)
+    model = load_pretrained(name, data_dir)
+    correct = (predict(model, images) == labels).sum().item()
+    assert abs(100 * correct / labels.numel() - README_ACCURACY[name]) <= 0.1, f"{name}: {correct}/1017"

@@ -1,0 +1,100 @@
+"""Tables and plots are built from result JSON alone, for every report kind of the shipped recipes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqs_bench.config import expand_recipe, load_recipe
+from sqs_bench.report import build_report, load_results
+
+
+def _fake_result(config: dict, drop: float) -> dict:
+    """A result shaped like ``runner.run_config``'s, with made-up accuracies (for the report only)."""
+    samples = config.get("options", {}).get("samples", [])
+    names = ["greedy", *(f"bayes_M{m}" for m in samples)] if config["method"] == "sqs" else ["hard"]
+    evaluations = [
+        {
+            "name": name,
+            "inference": name.split("_")[0],
+            "samples": int(name[7:]) if name.startswith("bayes") else None,
+            "acc": 90.0 - drop - i,
+            "drop": drop + i,
+            "drop_ci": [drop + i - 1, drop + i + 1],
+            "val_acc": 95.0,
+        }
+        for i, name in enumerate(names)
+    ]
+    primary = evaluations[1] if len(evaluations) > 1 else evaluations[0]
+    metrics = {
+        "model": config["model"],
+        "method": config["method"],
+        "bits": config["bits"],
+        "nonzero": config.get("nonzero", 0.55),
+        "compression_rate_paper": 30.0,
+        "compression_rate_file": None,
+        "fp32_acc": 90.0,
+        "acc": primary["acc"],
+        "drop": primary["drop"],
+        "drop_ci": primary["drop_ci"],
+        "inference": primary["name"],
+        "val_acc": 95.0,
+        "fp32_val_acc": 99.0,
+        "test_images": 1017,
+    }
+    return {
+        "run_id": config["run_id"],
+        "recipe": config["recipe"],
+        "tier": config["tier"],
+        "label": config["label"],
+        "meta": config["meta"],
+        "paper": config["paper"],
+        "report": config["report"],
+        "git_commit": None,
+        "machine": {"platform": "test", "cpu_count": 2, "torch": "x"},
+        "metrics": metrics,
+        "evaluations": evaluations,
+        "config": config,
+    }
+
+
+@pytest.fixture
+def results_dir(tmp_path):
+    for name in ("table1_resnet20", "ablation_bayes_samples", "ablation_greedy_vs_bayes", "ablation_prior"):
+        for i, config in enumerate(expand_recipe(load_recipe(name), "cpu")):
+            config = {k: v for k, v in config.items()}
+            (tmp_path / f"{config['run_id']}.json").write_text(json.dumps(_fake_result(config, drop=1.0 + i)))
+    (tmp_path / "unrelated.json").write_text("[1, 2]")
+    return tmp_path
+
+
+def test_report_has_one_section_and_plot_per_recipe(results_dir):
+    path = build_report(results_dir, results_dir / "out")
+    text = path.read_text()
+    assert text.count("\n## ") == 4 and text.count("SUBSTITUTE") == 3
+    for recipe in ("table1_resnet20", "ablation_bayes_samples", "ablation_greedy_vs_bayes", "ablation_prior"):
+        assert (results_dir / "out" / f"{recipe}.png").stat().st_size > 0
+    assert "| sqs | P+Q | 2 | 50.0 | 30.0× | – | 90.00 |" in text  # Table 1 row of the primary evaluation
+    assert "| 4 | 40 | 20 | 5.6 | 3.21 |" in text  # the paper's Table 4 row, kept apart from ours
+    assert "Reported by the paper" in text and "figure only" in text
+
+
+def test_rows_keep_every_inference_mode(results_dir):
+    results = load_results(results_dir)
+    assert len(results) == 4 + 1 + 8 + 8
+    samples = next(r for r in results if r["recipe"] == "ablation_bayes_samples")
+    text = build_report(results_dir).read_text()
+    assert [e["name"] for e in samples["evaluations"]] == [
+        "greedy",
+        "bayes_M4",
+        "bayes_M1",
+        "bayes_M5",
+        "bayes_M20",
+        "bayes_M50",
+    ]
+    assert text.count("| resnet20 | sqs | 4 | 50.0 | spike_slab | bayes |") == 5
+
+
+def test_no_results_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no result JSON"):
+        build_report(tmp_path)
