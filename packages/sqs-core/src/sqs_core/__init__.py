@@ -5,6 +5,7 @@ A model is compressed in place with :func:`prepare_`, trained with the user's ow
 :class:`BayesianAverage`. See README.md and docs/ for the method and the paper's equations.
 """
 
+from .artifact import load, load_bayesian_average, save
 from .config import CONFIG_VERSION, GaussianPrior, SpikeSlabPrior, SQSConfig
 from .discrete import DiscretePosterior
 from .inference import BayesianAverage, discrete_posteriors, greedy_, sample_, variational_
@@ -13,11 +14,13 @@ from .objective import Objective
 from .optim import param_groups
 from .posterior import SpikeGMMPosterior
 from .prepare import is_prepared, posteriors, prepare_, sqs_layers
+from .report import CompressionReport, compression_report
 from .schedules import GateTemperatureSchedule, PruningSchedule
 
 __all__ = [
     "CONFIG_VERSION",
     "BayesianAverage",
+    "CompressionReport",
     "DiscretePosterior",
     "GateTemperatureSchedule",
     "GaussianPrior",
@@ -28,14 +31,18 @@ __all__ = [
     "SQSLayer",
     "SpikeGMMPosterior",
     "SpikeSlabPrior",
+    "compression_report",
     "discrete_posteriors",
     "greedy_",
     "is_prepared",
+    "load",
+    "load_bayesian_average",
     "param_groups",
     "posteriors",
     "prepare_",
     "register_layer_type",
     "sample_",
+    "save",
     "sqs_layers",
     "variational_",
 ]

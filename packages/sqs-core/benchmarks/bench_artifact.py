@@ -1,0 +1,187 @@
+"""Size and speed of the compressed artifact (sqs_core.save / load): bytes vs the paper's formula, timings.
+
+Usage: python packages/sqs-core/benchmarks/bench_artifact.py [--size 4096] [--repeats 3]
+       [--resnet20 PATH|random] [--json docs/results/artifact_bench.json]
+
+Case ``linear``: one ``nn.Linear(size, size)`` (default init) prepared with
+``SQSConfig(num_components=16, windows="outlier")`` (gates initialised by |θ| rank, so pruning keeps the
+largest weights), saved with 25% non-zero weights. Case ``resnet20`` (optional): the CIFAR ResNet-20 of
+sqs-bench, pretrained from PATH (a checkpoint file or the data folder; ``SQS_DATA_DIR`` is used when PATH
+is omitted and the checkpoint is there) or ``random`` for its untrained init, K=4, 50% non-zero.
+
+Each case is saved with and without the Bayesian-averaging alternatives and reports the file's bytes for
+the compressed tensors against the paper's formula (log2 K bits per kept weight + 32 bits per codebook
+entry) and against that formula + 1 mask bit per weight; save and load wall times (best of ``repeats``);
+and dequantization throughput in weights/s: the packed-index gather alone (``unpack_gather``) and the
+whole greedy decode of a tensor (mask decode + gather + scatter into the dense weight).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import sqs_core as sqs
+import torch
+from sqs_core._artifact_layout import _Decoded, decode_weight
+from sqs_core.artifact import read_artifact
+from sqs_core.packing import unpack_gather
+from torch import nn
+
+TARGET_OVER_FORMULA_PLUS_MASK = 1.05
+TARGET_WEIGHTS_PER_S = 2e8
+
+
+def _best(fn: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def linear_case(size: int) -> tuple[nn.Module, nn.Module, float]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(size, size))
+    skeleton = copy.deepcopy(model)
+    sqs.prepare_(model, sqs.SQSConfig(num_components=16, windows="outlier", gate_init="magnitude"))
+    return model, skeleton, 0.25
+
+
+def resnet20_case(source: str) -> tuple[nn.Module, nn.Module, float]:
+    from sqs_bench.models import build_model, load_pretrained  # the bench package, only for this case
+
+    if source == "random":
+        torch.manual_seed(0)
+        model = build_model("resnet20")
+    else:
+        folder = Path(source)
+        model = load_pretrained("resnet20", folder.parent.parent if folder.is_file() else folder)
+    skeleton = copy.deepcopy(model)
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4, windows="outlier", gate_init="magnitude"))
+    return model, skeleton, 0.5
+
+
+def measure(name: str, model: nn.Module, skeleton: nn.Module, nonzero: float, repeats: int) -> dict:
+    row: dict = {"case": name, "nonzero": nonzero}
+    folder = Path(tempfile.mkdtemp(prefix="sqs-bench-"))
+    start = time.perf_counter()
+    sqs.discrete_posteriors(model, nonzero=nonzero)
+    row["discrete_posteriors_s"] = time.perf_counter() - start
+    for alternatives in (False, True):
+        path = folder / f"{name}-{alternatives}.sqs"
+        save_s = _best(lambda p=path, a=alternatives: sqs.save(model, p, nonzero=nonzero, include_alternatives=a),
+                       repeats)  # fmt: skip
+        report = sqs.compression_report(path)
+        if os.path.getsize(path) != report.file_bytes:
+            raise RuntimeError("the report's file size disagrees with the file")
+        key = "with_alternatives" if alternatives else "greedy_only"
+        target = copy.deepcopy(skeleton)
+        load_s = _best(lambda p=path, t=target: sqs.load(p, t), repeats)
+        row[key] = {
+            "file_bytes": report.file_bytes,
+            "compressed_bytes": report.compressed_bytes,
+            "header_bytes": report.header_bytes,
+            "alternative_bytes": report.alternative_bytes,
+            "paper_bytes": report.paper_bytes,
+            "paper_plus_mask_bytes": report.paper_plus_mask_bytes,
+            "compressed_over_paper": report.compressed_bytes / report.paper_bytes,
+            "compressed_over_paper_plus_mask": report.compressed_bytes / report.paper_plus_mask_bytes,
+            "paper_rate": report.paper_rate,
+            "paper_plus_mask_rate": report.paper_plus_mask_rate,
+            "file_rate": report.file_rate,
+            "effective_bits_per_weight": report.effective_bits_per_weight,
+            "model_rate": report.model_rate,
+            "save_s": save_s,
+            "load_s": load_s,
+        }
+    row.update(throughput(folder / f"{name}-True.sqs", repeats))
+    row["compressed_weights"] = report.compressed_weights
+    row["nonzero_weights"] = report.nonzero_weights
+    row["layers"] = len(report.layers)
+    row["mask_encodings"] = sorted({r["mask"] for r in read_artifact(folder / f"{name}-True.sqs").records})
+    return row
+
+
+def throughput(path: Path, repeats: int) -> dict:
+    """Dequantization speed on the largest compressed tensor of the file."""
+    art = read_artifact(path)
+    rec = max(art.records, key=lambda r: r["kept"])
+    name = rec["layers"][0]
+    blob = art.blobs[name]
+    dec = _Decoded(name, rec, blob)
+    table = dec.codebook.reshape(-1)[dec.entries]
+    gather_s = _best(lambda: unpack_gather(dec.parts["codes"], rec["code_bits"], rec["kept"], table), repeats)
+    decode_s = _best(lambda: decode_weight(name, rec, blob), repeats)
+    read_s = _best(lambda: read_artifact(path), repeats)
+    numel = dec.numel
+    return {
+        "throughput_tensor": name,
+        "code_bits": rec["code_bits"],
+        "gather_weights_per_s": rec["kept"] / gather_s,
+        "decode_weights_per_s": numel / decode_s,
+        "read_and_verify_s": read_s,
+    }
+
+
+def machine() -> dict:
+    return {
+        "processor": platform.processor() or platform.machine(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "load_average_1min_at_start": os.getloadavg()[0],  # the 2 cores are shared with other jobs
+    }
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'case':<10} {'alts':<5} {'file B':>11} {'compr. B':>11} {'paper B':>11} {'+mask B':>11} "
+          f"{'/paper':>7} {'/+mask':>7} {'bits/w':>7} {'save s':>7} {'load s':>7}")  # fmt: skip
+    for row in rows:
+        for key in ("greedy_only", "with_alternatives"):
+            r = row[key]
+            print(f"{row['case']:<10} {'yes' if key == 'with_alternatives' else 'no':<5} {r['file_bytes']:>11,} "
+                  f"{r['compressed_bytes']:>11,} {r['paper_bytes']:>11,.0f} {r['paper_plus_mask_bytes']:>11,.0f} "
+                  f"{r['compressed_over_paper']:>7.3f} {r['compressed_over_paper_plus_mask']:>7.3f} "
+                  f"{r['effective_bits_per_weight']:>7.3f} {r['save_s']:>7.2f} {r['load_s']:>7.2f}")  # fmt: skip
+        print(f"{'':<10} dequantization: gather {row['gather_weights_per_s']:.3e} weights/s, "
+              f"full greedy decode {row['decode_weights_per_s']:.3e} weights/s "
+              f"(target {TARGET_WEIGHTS_PER_S:.0e}); read+verify {row['read_and_verify_s']:.3f} s")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--resnet20", default=None, help="checkpoint file or data folder, or 'random'")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = parser.parse_args()
+    source = args.resnet20
+    if source is None and os.environ.get("SQS_DATA_DIR"):
+        candidate = Path(os.environ["SQS_DATA_DIR"]) / "resnet-cifar10"
+        source = os.environ["SQS_DATA_DIR"] if any(candidate.glob("resnet20-*.th")) else None
+    info = machine()
+    rows = [measure(f"linear{args.size}", *linear_case(args.size), args.repeats)]
+    if source is not None:
+        rows.append(measure("resnet20" + ("-random" if source == "random" else ""), *resnet20_case(source),
+                            args.repeats))  # fmt: skip
+    result = {"machine": info, "targets": {"compressed_over_paper_plus_mask": TARGET_OVER_FORMULA_PLUS_MASK,
+              "weights_per_s": TARGET_WEIGHTS_PER_S}, "cases": rows}  # fmt: skip
+    print_table(rows)
+    print(json.dumps(result["machine"]))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
