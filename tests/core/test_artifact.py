@@ -343,7 +343,9 @@ def test_wrong_shape_names_layer_and_shapes(net_file):
     _, skeleton, path = net_file
     wrong = copy.deepcopy(skeleton)
     wrong.body["fc"] = nn.Linear(64, 13)
-    with pytest.raises(ValueError, match=r"'body\.fc\.weight' has shape \(12, 64\) \(torch.float32\) in the file but \(13, 64\)"):
+    with pytest.raises(
+        ValueError, match=r"'body\.fc\.weight' has shape \(12, 64\) \(torch.float32\) in the file but \(13, 64\)"
+    ):
         sqs.load(path, wrong)
 
 
