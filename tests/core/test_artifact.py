@@ -25,6 +25,7 @@ from sqs_core import artifact as artifact_module
 from sqs_core._artifact_layout import _split, decode_posterior, decode_weight, encode, field_bits
 from sqs_core.discrete import DiscretePosterior
 from sqs_core.packing import decode_mask
+from strategies import nonzero_rates, window_kinds
 from torch import nn
 
 # Tempered responsibilities (τ = 0.5) so that most weights have alternatives to sample from.
@@ -101,8 +102,8 @@ def _inputs(seed: int = 1) -> torch.Tensor:
     out_features=st.integers(1, 9),
     in_features=st.integers(1, 9),
     k=st.sampled_from([2, 3, 4, 5, 8, 16]),
-    windows=st.sampled_from(["none", "equal", "outlier"]),
-    nonzero=st.one_of(st.none(), st.floats(0.02, 1.0)),
+    windows=window_kinds,
+    nonzero=st.one_of(st.none(), nonzero_rates),
     per_layer=st.booleans(),
     temperature=st.sampled_from([5e-4, 0.05, 0.5]),
     seed=st.integers(0, 2**16),

@@ -290,7 +290,7 @@ def _decode_alternatives(rec: dict, parts: dict[str, Tensor], keep: Tensor) -> t
     k, n_alt = rec["K"], rec["alternatives"]
     if n_alt == 0:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, k)
-    alt_mask = decode_mask(rec.get("alt_mask"), parts["alt_mask"], rec["kept"])
+    alt_mask = decode_mask(str(rec.get("alt_mask")), parts["alt_mask"], rec["kept"])
     ranks = alt_mask.nonzero().squeeze(1)
     if ranks.numel() != n_alt:
         raise ValueError(f"the alternatives mask marks {ranks.numel()} weights, the header says {n_alt}")

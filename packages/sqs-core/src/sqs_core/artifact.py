@@ -100,7 +100,7 @@ def _layer_groups(model: nn.Module) -> tuple[dict[str, list[str]], set[str]]:
     for path, m in model.named_modules(remove_duplicate=False):
         if isinstance(m, SQSLayer):
             plain = _plain_key(path, paths)
-            if plain not in groups[names[id(m.posterior)]]:
+            if plain is not None and plain not in groups[names[id(m.posterior)]]:
                 groups[names[id(m.posterior)]].append(plain)
     return groups, paths
 
@@ -154,7 +154,7 @@ def save(
     for name, d in dists.items():
         record, blob = encode(d, alternatives=include_alternatives)
         records.append({"layers": groups[name], **record})
-        tensors[PREFIX + name] = blob
+        tensors[PREFIX + groups[name][0]] = blob  # the first plain layer name identifies the posterior
     tensors.update(_dense_state(model, sqs_paths))
     tensors[CRC_TABLE] = _crc_table(tensors)
     header = {
@@ -257,8 +257,8 @@ def _check_header(where: str, header: Any) -> None:
 
 
 def _check_payload(where: str, checksum: dict, tensors: dict[str, torch.Tensor]) -> None:
-    table = tensors.get(CRC_TABLE)
-    table_ok = table is not None and table.dtype == torch.uint8 and table.dim() == 1
+    table = tensors.get(CRC_TABLE, torch.zeros(0))
+    table_ok = table.dtype == torch.uint8 and table.dim() == 1
     table_ok = table_ok and zlib.crc32(_raw(table)) == checksum["crc32_table"]
     if table_ok and _payload_sha256(tensors) == checksum["payload"]:
         return

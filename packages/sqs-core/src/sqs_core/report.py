@@ -131,7 +131,7 @@ class CompressionReport:
         widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
         lines = [
             f"SQS artifact {self.path or '(in memory)'} (format {self.format_version}): "
-            f"{len(self.layers)} compressed tensors, {self.compressed_weights:,} weights, "
+            f"{len(self.layers)} compressed tensor(s), {self.compressed_weights:,} weights, "
             f"{100 * self.nonzero_rate:.2f}% non-zero"
         ]
         for row in rows:
