@@ -1,13 +1,13 @@
 """Size and speed of the compressed artifact (sqs_core.save / load): bytes vs the paper's formula, timings.
 
 Usage: python packages/sqs-core/benchmarks/bench_artifact.py [--size 4096] [--repeats 3]
-       [--resnet20 PATH|random] [--json docs/results/artifact_bench.json]
+       [--json docs/results/artifact_bench.json]
 
 Case ``linear``: one ``nn.Linear(size, size)`` (default init) prepared with
 ``SQSConfig(num_components=16, windows="outlier")`` (gates initialised by |θ| rank, so pruning keeps the
-largest weights), saved with 25% non-zero weights. Case ``resnet20`` (optional): the CIFAR ResNet-20 of
-sqs-bench, pretrained from PATH (a checkpoint file or the data folder; ``SQS_DATA_DIR`` is used when PATH
-is omitted and the checkpoint is there) or ``random`` for its untrained init, K=4, 50% non-zero.
+largest weights), saved with 25% non-zero weights. Case ``resnet20-random``: the compressible layers of a
+CIFAR ResNet-20 with random init, K=4, 50% non-zero (sqs-core cannot import sqs-bench; the pretrained
+model's file rate is measured by the sqs-bench runner).
 
 Each case is saved with and without the Bayesian-averaging alternatives and reports the file's bytes for
 the compressed tensors against the paper's formula (log2 K bits per kept weight + 32 bits per codebook
@@ -56,15 +56,24 @@ def linear_case(size: int) -> tuple[nn.Module, nn.Module, float]:
     return model, skeleton, 0.25
 
 
-def resnet20_case(source: str) -> tuple[nn.Module, nn.Module, float]:
-    from sqs_bench.models import build_model, load_pretrained  # the bench package, only for this case
+def resnet20_shapes() -> nn.Module:
+    """The compressible layers of a CIFAR ResNet-20 (16/32/64 channels, 3 blocks per stage) with torch's
+    default random init: the artifact's size depends on the shapes, K and the non-zero rate, not on a forward
+    pass. The pretrained model's file rate is measured by sqs-bench (``compression_rate_file``)."""
+    layers, channels_in = [nn.Conv2d(3, 16, 3, padding=1, bias=False)], 16
+    for channels in (16, 32, 64):
+        for _ in range(3):
+            layers += [
+                nn.Conv2d(channels_in, channels, 3, padding=1, bias=False),
+                nn.Conv2d(channels, channels, 3, padding=1, bias=False),
+            ]
+            channels_in = channels
+    return nn.Sequential(*layers, nn.Linear(64, 10))
 
-    if source == "random":
-        torch.manual_seed(0)
-        model = build_model("resnet20")
-    else:
-        folder = Path(source)
-        model = load_pretrained("resnet20", folder.parent.parent if folder.is_file() else folder)
+
+def resnet20_case() -> tuple[nn.Module, nn.Module, float]:
+    torch.manual_seed(0)
+    model = resnet20_shapes()
     skeleton = copy.deepcopy(model)
     sqs.prepare_(model, sqs.SQSConfig(num_components=4, windows="outlier", gate_init="magnitude"))
     return model, skeleton, 0.5
@@ -178,19 +187,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--resnet20", default=None, help="checkpoint file or data folder, or 'random'")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args()
-    source = args.resnet20
-    if source is None and os.environ.get("SQS_DATA_DIR"):
-        candidate = Path(os.environ["SQS_DATA_DIR"]) / "resnet-cifar10"
-        source = os.environ["SQS_DATA_DIR"] if any(candidate.glob("resnet20-*.th")) else None
     info = machine()
     rows = [measure(f"linear{args.size}", *linear_case(args.size), args.repeats)]
-    if source is not None:
-        rows.append(
-            measure("resnet20" + ("-random" if source == "random" else ""), *resnet20_case(source), args.repeats)
-        )
+    rows.append(measure("resnet20-random", *resnet20_case(), args.repeats))
     result = {
         "machine": info,
         "targets": {
