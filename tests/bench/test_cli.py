@@ -76,33 +76,7 @@ def test_paper_tier_ablations_need_timm(fake_data_dir, tmp_path, capsys):
     assert "timm" in capsys.readouterr().err
 
 
-def _sqs_core_ready() -> str | None:
-    """Why the SQS smoke run cannot run yet (None when sqs-core offers the whole contract)."""
-    try:
-        import sqs_core
-    except ImportError as err:
-        return f"sqs-core is not importable: {err}"
-    needed = (
-        "SQSConfig",
-        "prepare_",
-        "Objective",
-        "param_groups",
-        "PruningSchedule",
-        "GateTemperatureSchedule",
-        "greedy_",
-        "variational_",
-        "BayesianAverage",
-        "save",
-        "compression_report",
-    )
-    missing = [name for name in needed if not hasattr(sqs_core, name)]
-    return f"sqs-core lacks {missing} of docs/api-contract.md" if missing else None
-
-
 def test_smoke_sqs_runs_through_the_cli(fake_data_dir, tmp_path):
-    reason = _sqs_core_ready()
-    if reason is not None:
-        pytest.skip(reason)
     out = tmp_path / "sqs"
     assert _run(["--tier", "smoke", "--data-dir", str(fake_data_dir), "--out", str(out), "--method", "sqs"]) == 0
     result = json.loads((out / "table1_resnet20__resnet20__sqs.json").read_text())

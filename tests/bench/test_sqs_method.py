@@ -3,33 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import sqs_core
 from sqs_bench.train import Budget
-
-sqs = pytest.importorskip("sqs_core", reason="sqs-core is not installed")
-CONTRACT = (
-    "SQSConfig",
-    "SpikeSlabPrior",
-    "GaussianPrior",
-    "prepare_",
-    "Objective",
-    "param_groups",
-    "PruningSchedule",
-    "GateTemperatureSchedule",
-    "greedy_",
-    "variational_",
-    "BayesianAverage",
-    "save",
-    "compression_report",
-)
 
 
 @pytest.fixture
 def sqs_api():
-    """sqs-core, skipping (with the reason) while it lacks part of docs/api-contract.md."""
-    missing = [name for name in CONTRACT if not hasattr(sqs, name)]
-    if missing:
-        pytest.skip(f"sqs-core lacks {missing} of docs/api-contract.md")
-    return sqs
+    """sqs-core's public API (docs/api-contract.md); a missing name fails the test, never skips it."""
+    return sqs_core
 
 
 def test_build_config_maps_priors_and_defaults(sqs_api):
