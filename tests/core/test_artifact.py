@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqs_core import artifact as artifact_module
 from sqs_core._artifact_layout import _split, decode_posterior, decode_weight, encode, field_bits
+from sqs_core._safetensors_format import safetensors_chunks
 from sqs_core.discrete import DiscretePosterior
 from sqs_core.packing import decode_mask
 from strategies import nonzero_rates, window_kinds
@@ -362,10 +363,15 @@ def test_missing_and_unexpected_layers(net_file):
         sqs.load(path, more)
 
 
+def _safetensors_bytes(tensors, metadata=None) -> bytes:
+    chunks, _alive = safetensors_chunks(tensors, metadata)
+    return b"".join(bytes(c) for c in chunks)
+
+
 def test_not_an_sqs_file_and_future_version(net_file, tmp_path):
     _, skeleton, path = net_file
     plain = tmp_path / "plain.safetensors"
-    plain.write_bytes(safetensors.torch.save(skeleton.state_dict()))
+    plain.write_bytes(_safetensors_bytes(skeleton.state_dict()))
     with pytest.raises(ValueError, match="not an SQS artifact"):
         sqs.load(plain, copy.deepcopy(skeleton))
     tensors = safetensors.torch.load(path.read_bytes())
@@ -374,7 +380,7 @@ def test_not_an_sqs_file_and_future_version(net_file, tmp_path):
     rest = {k: v for k, v in header.items() if k != "checksum"}
     header["checksum"]["header"] = artifact_module.hashlib.sha256(artifact_module._canonical(rest).encode()).hexdigest()
     future = tmp_path / "future.sqs"
-    future.write_bytes(safetensors.torch.save(tensors, metadata={"sqs": json.dumps(header)}))
+    future.write_bytes(_safetensors_bytes(tensors, {"sqs": json.dumps(header)}))
     with pytest.raises(ValueError, match="unsupported format version 2"):
         sqs.load(future, copy.deepcopy(skeleton))
 

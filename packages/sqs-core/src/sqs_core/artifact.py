@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ._artifact_layout import check_record, decode_posterior, decode_weight, dtype_name, encode
+from ._safetensors_format import safetensors_chunks
 from .discrete import DiscretePosterior
 from .inference import BayesianAverage, discrete_posteriors
 from .layers import SQSLayer
@@ -173,19 +174,22 @@ def save(
         "payload": _payload_sha256(tensors),
         "crc32_table": zlib.crc32(_raw(tensors[CRC_TABLE])),
     }
-    data = safetensors.torch.save(tensors, metadata={METADATA_KEY: _canonical(header)})
-    _atomic_write(target, data)
+    chunks, keep_alive = safetensors_chunks(tensors, metadata={METADATA_KEY: _canonical(header)})
+    _atomic_write(target, chunks)
+    del keep_alive
     n_dense = len(tensors) - len(records) - 1
-    log.info("saved %s: %d bytes, %d compressed tensors, %d dense", target, len(data), len(records), n_dense)
+    size = sum(len(c) for c in chunks)
+    log.info("saved %s: %d bytes, %d compressed tensors, %d dense", target, size, len(records), n_dense)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside ``path``, fsync, then rename over it; nothing is left on error."""
+def _atomic_write(path: Path, chunks: list[bytes | ctypes.Array]) -> None:
+    """Write ``chunks`` to a temporary file beside ``path``, fsync, then rename over it; nothing is left on error."""
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            for chunk in chunks:
+                handle.write(chunk)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
