@@ -478,3 +478,19 @@ def test_cli_inspect(net_file, capsys):
 def test_cli_help_in_a_fresh_process():
     done = subprocess.run([sys.executable, "-m", "sqs_core", "--help"], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and "inspect" in done.stdout
+
+
+def test_pruned_weights_are_exact_positive_zeros():
+    # A negative level times a False mask would give -0.0, which changes the bytes of re-saved weights.
+    d = DiscretePosterior(
+        shape=(2, 2),
+        codebook=torch.tensor([[-0.5, 0.25]]),
+        window_ids=torch.zeros(4, dtype=torch.uint8),
+        greedy=torch.tensor([0, 0, 1, 0], dtype=torch.uint8),
+        keep=torch.tensor([False, True, False, False]),
+        alt_index=torch.empty(0, dtype=torch.int64),
+        alt_probs=torch.empty(0, 2),
+    )
+    w = d.weights().reshape(-1)
+    assert w.tolist() == [0.0, -0.5, 0.0, 0.0]
+    assert not torch.signbit(w[[0, 2, 3]]).any()

@@ -47,8 +47,8 @@ class DiscretePosterior:
         levels = self.greedy if levels is None else levels
         k = self.codebook.shape[1]
         flat = self.window_ids.long() * k + levels.reshape(-1).long()
-        values = self.codebook.reshape(-1)[flat] * self.keep.reshape(-1)
-        return values.reshape(self.shape)
+        values = self.codebook.reshape(-1)[flat]
+        return torch.where(self.keep.reshape(-1), values, torch.zeros((), dtype=values.dtype)).reshape(self.shape)
 
     def draw(self, generator: torch.Generator | None = None) -> torch.Tensor:
         """One draw of the levels: one uniform per weight (T of them, in flat order) from ``generator``."""
