@@ -44,10 +44,31 @@ def test_inference_keeps_exactly_the_requested_rate(nonzero, per_layer, seed):
     else:
         assert sum(kept.values()) == max(1, round(nonzero * total))
         # global rule: every kept λ̂ ≥ every pruned λ̂
-        scores = torch.cat([p.effective_keep_probs().reshape(-1) for p in sqs.posteriors(model).values()])
+        scores = torch.cat([p.effective_keep_logits().reshape(-1) for p in sqs.posteriors(model).values()])
         keep = torch.cat([d.keep for d in dists.values()])
         if keep.any() and (~keep).any():
             assert scores[keep].min() >= scores[~keep].max()
+
+
+@settings(max_examples=20)
+@given(nonzero=st.floats(0.1, 0.9), offset=st.floats(20.0, 200.0), seed=st.integers(0, 50))
+def test_pruning_ranks_saturated_gates_by_their_logits(nonzero, offset, seed):
+    # Trained gates pass s̃/τ' ≈ 17, where float32 sigmoid is exactly 1.0; ranking λ̃ would then keep the
+    # first layers by position and prune the last ones entirely (a ResNet-20 went to chance this way).
+    model = prepared(seed)
+    with torch.no_grad():
+        for i, p in enumerate(sqs.posteriors(model).values()):
+            logits = offset + i * 50.0 + torch.rand(p.gate_logits.shape, generator=torch.Generator().manual_seed(i))
+            p.gate_logits.copy_(logits * p.gate_temperature)
+    assert all(bool((p.keep_probs() == 1.0).all()) for p in sqs.posteriors(model).values())
+    logits = torch.cat([p.keep_logits().detach().reshape(-1) for p in sqs.posteriors(model).values()])
+    schedule = sqs.PruningSchedule(model, target_nonzero=nonzero, total_steps=4)
+    schedule.step(4)
+    for keep in (
+        torch.cat([p.mask.reshape(-1) for p in sqs.posteriors(model).values()]),
+        torch.cat([d.keep for d in sqs.discrete_posteriors(model, nonzero=nonzero).values()]),
+    ):
+        assert logits[keep].min() >= logits[~keep].max()
 
 
 def test_keep_top_fraction_breaks_ties_exactly():

@@ -29,7 +29,7 @@ def discrete_posteriors(
     if nonzero is None:
         keep = {name: p.mask.clone() for name, p in posts.items()}
     else:
-        scores = {name: p.effective_keep_probs() for name, p in posts.items()}
+        scores = {name: p.effective_keep_logits() for name, p in posts.items()}  # ranks as λ̂
         keep = keep_top_fraction(scores, nonzero, per_layer=per_layer)
     out = {}
     for name, p in posts.items():

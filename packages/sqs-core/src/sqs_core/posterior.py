@@ -81,10 +81,21 @@ class SpikeGMMPosterior(nn.Module):
         """λ̃ = sigmoid(s̃ / τ') (eq. lambda-prime), differentiable, θ's shape."""
         return torch.sigmoid(self.gate_logits / self.gate_temperature)
 
+    def keep_logits(self) -> torch.Tensor:
+        """s̃ / τ' = logit λ̃: ranks weights exactly as λ̃ does, but never saturates. Pruning ranks these,
+        not λ̃: in float32 sigmoid rounds to exactly 1.0 beyond ≈ 17, and the gates of a trained model
+        routinely pass that, which would turn the ranking into ties broken by position."""
+        return self.gate_logits / self.gate_temperature
+
     @torch.no_grad()
     def effective_keep_probs(self) -> torch.Tensor:
         """λ̂ used for pruning at inference: λ̃ with the schedule's forced zeros."""
         return self.keep_probs() * self.mask
+
+    @torch.no_grad()
+    def effective_keep_logits(self) -> torch.Tensor:
+        """logit λ̂, the inference pruning score: s̃ / τ', and −inf where the schedule forced a zero."""
+        return torch.where(self.mask, self.keep_logits(), torch.tensor(float("-inf"), dtype=self.gate_logits.dtype))
 
     def component_kl(self) -> torch.Tensor:
         """KL(N(μ_wk, σ_wk²) ‖ N(0, σ_0²)) per window and component, (W, K), differentiable."""

@@ -81,7 +81,7 @@ class PruningSchedule:
             for p in posts.values():
                 p.mask.fill_(True)
         else:
-            scores = {name: p.keep_probs().detach() for name, p in posts.items()}
+            scores = {name: p.keep_logits().detach() for name, p in posts.items()}  # ranks as λ̃
             masks = keep_top_fraction(scores, nonzero, per_layer=self.per_layer)
             for name, p in posts.items():
                 p.mask.copy_(masks[name])
