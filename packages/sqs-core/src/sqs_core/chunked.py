@@ -138,7 +138,7 @@ class _PosteriorMoments(torch.autograd.Function):
             for acc, g in zip(param_grads, grads[:3], strict=True):
                 if g is not None:
                     acc += g
-            if need_theta and grads[3] is not None:
+            if g_theta is not None and grads[3] is not None:
                 _put(g_theta, a, b, sel, grads[3])
             _put(g_gate, a, b, sel, dlam * lam_mask * lam_raw * (1 - lam_raw) / spec.gate_temperature)
         return g_theta, g_gate, *param_grads, None, None, None, None

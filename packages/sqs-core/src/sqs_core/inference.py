@@ -141,4 +141,6 @@ class BayesianAverage(nn.Module):
             if self.average == "probs":
                 out = torch.softmax(out, dim=-1)
             total = out if total is None else total + out
+        if total is None:
+            raise RuntimeError("BayesianAverage holds no draws")
         return total / len(self.draws)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,12 +33,12 @@ class LayerAdapter:
     ``square_input``: the variance path maps x² (linear maps); False for lookups (embeddings), whose
     output variance is the looked-up weight variance."""
 
-    forward: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-    forward_no_bias: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+    forward: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]  # base: the wrapped module
+    forward_no_bias: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
     square_input: bool = True
 
 
-def _conv1d_hf(base: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+def _conv1d_hf(base: Any, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
     """transformers' Conv1D: y = x W + b with W of shape (in, out)."""
     out_shape = (*x.shape[:-1], weight.shape[1])
     flat = x.reshape(-1, x.shape[-1])
@@ -45,7 +46,7 @@ def _conv1d_hf(base: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias) -> 
     return y.reshape(out_shape)
 
 
-def _embedding(base: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _embedding(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.embedding(x, weight, base.padding_idx, base.max_norm, base.norm_type, base.scale_grad_by_freq, base.sparse)
 
 
@@ -90,6 +91,8 @@ def adapter_for(module: nn.Module) -> LayerAdapter | None:
 class SQSLayer(nn.Module):
     """Wraps ``base_layer``; its weight comes from ``posterior`` (shared between tied layers)."""
 
+    fixed_weight: torch.Tensor | None  # the concrete weight of the "fixed" mode (greedy or one draw)
+
     def __init__(self, base_layer: nn.Module, posterior: SpikeGMMPosterior, adapter: LayerAdapter) -> None:
         super().__init__()
         self.base_layer = base_layer
@@ -109,11 +112,13 @@ class SQSLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "fixed":
+            if self.fixed_weight is None:
+                raise RuntimeError("SQSLayer in fixed mode without a weight; call set_fixed_weight first")
             return self.adapter.forward(self.base_layer, x, self.fixed_weight)
         moment_matched = self.training and self.posterior.config.likelihood == "moment_matched"
         mean, var = self.posterior.moments(second=moment_matched)
         out = self.adapter.forward(self.base_layer, x, mean)
-        if not moment_matched:
+        if var is None:  # the plug-in likelihood: the forward at θ^avg
             return out
         var_input = x * x if self.adapter.square_input else x
         out_var = self.adapter.forward_no_bias(self.base_layer, var_input, var)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .chunked import PosteriorSpec, gate_kl, posterior_moments, responsibility_blocks
-from .config import SQSConfig
+from .config import SpikeSlabPrior, SQSConfig
 from .kmeans import kmeans_1d
 from .mixture import gaussian_kl
 from .windows import assign_windows
@@ -31,6 +31,12 @@ SAMPLING_FLOOR = 1e-3
 
 class SpikeGMMPosterior(nn.Module):
     """Parameters and closed forms of q for one weight tensor; see the module docstring."""
+
+    weight: torch.Tensor  # θ: a buffer, or a Parameter when config.train_weight
+    window_ids: torch.Tensor
+    window_edges: torch.Tensor
+    mask: torch.Tensor  # the pruning schedule's hard mask (bool)
+    gate_temperature: torch.Tensor  # τ' as a 0-d buffer (halved by GateTemperatureSchedule)
 
     def __init__(self, weight: torch.Tensor, config: SQSConfig, *, generator: torch.Generator) -> None:
         super().__init__()
@@ -130,7 +136,7 @@ class SpikeGMMPosterior(nn.Module):
         if kstar is None or kstar.numel() != self.weight.numel():
             kstar = self.greedy_levels().reshape(-1)
         prior = self.config.prior
-        keep = prior.keep_prob if prior.kind == "spike_slab" else None
+        keep = prior.keep_prob if isinstance(prior, SpikeSlabPrior) else None
         return gate_kl(
             self.gate_logits.reshape(-1),
             self.component_kl(),

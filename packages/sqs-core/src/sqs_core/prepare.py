@@ -115,7 +115,10 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
         if posterior is None:
             posterior = SpikeGMMPosterior(weight, layer_config, generator=generator)
             shared[id(weight)] = posterior
-        wrappers.append((module, SQSLayer(module, posterior, adapter_for(module))))
+        adapter = adapter_for(module)
+        if adapter is None:  # chosen layers were filtered by adapter_for already
+            raise RuntimeError(f"internal: no adapter for the chosen layer {_name!r}")
+        wrappers.append((module, SQSLayer(module, posterior, adapter)))
     for module, wrapper in wrappers:  # mutate only once everything above succeeded
         del module._parameters["weight"]
         module.register_parameter("weight", None)
