@@ -116,7 +116,7 @@ def magnitude_kmeans(
 ) -> tuple[nn.Module, dict]:
     """Global magnitude pruning + per-layer k-means codebook (K = 2**bits); only the codebook is fine-tuned
     (AdamW, ``lr``, the shared budget), then batch-norm statistics are re-estimated."""
-    model = copy.deepcopy(model)
+    teacher, model = model, copy.deepcopy(model)
     layers = compressible_layers(model)
     masks = global_magnitude_masks({n: m.weight for n, m in layers.items()}, nonzero)
     k = 2**bits
@@ -133,7 +133,7 @@ def magnitude_kmeans(
     for p in codebooks:
         p.requires_grad_(True)
     optimizer = torch.optim.AdamW(codebooks, lr=lr, weight_decay=0.0)
-    train = fit(model, optimizer, data.train_x, data.train_y, budget, desc="magnitude_kmeans")
+    train = fit(model, optimizer, data.train_x, data.train_y, budget, teacher=teacher, desc="magnitude_kmeans")
     for module in layers.values():
         parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
     for p in model.parameters():
@@ -173,7 +173,7 @@ def dgms(
 ) -> tuple[nn.Module, dict]:
     """DGMS with K = 2**bits components (one pinned at 0), weights and mixture trained with AdamW, hard at
     inference. ``recalibrate_bn`` re-estimates batch-norm statistics for the hard weights (not in DGMS)."""
-    model = copy.deepcopy(model)
+    teacher, model = model, copy.deepcopy(model)
     layers = compressible_layers(model)
     k = 2**bits
     _dgms.attach_gmm(layers, k, temperature)
@@ -186,7 +186,7 @@ def dgms(
             {"params": others, "lr": weight_lr, "weight_decay": weight_decay},
         ]
     )
-    train = fit(model, optimizer, data.train_x, data.train_y, budget, desc="dgms")
+    train = fit(model, optimizer, data.train_x, data.train_y, budget, teacher=teacher, desc="dgms")
     _dgms.harden(layers)
     if recalibrate_bn:
         bn_recalibrate(model, _bn_images(data, budget))

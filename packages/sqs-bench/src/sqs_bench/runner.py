@@ -112,7 +112,7 @@ def _checkpoint(config: dict) -> str | None:
 
 
 def _budget(config: dict) -> Budget:
-    keys = ("epochs", "batch_size", "max_batches", "seed", "bn_images")
+    keys = ("epochs", "batch_size", "max_batches", "seed", "bn_images", "distill_weight", "distill_temperature")
     return Budget(**{k: config[k] for k in keys if k in config})
 
 

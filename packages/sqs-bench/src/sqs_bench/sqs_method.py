@@ -20,7 +20,6 @@ from typing import Any
 
 import sqs_core as sqs
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sqs_bench.data import CifarSplits
@@ -40,7 +39,7 @@ def build_config(knobs: dict[str, Any], *, bits: int, nonzero: float) -> Any:
     spike-and-slab ``keep_prob`` (λ) defaults to the run's target ``nonzero``.
     Lists become tuples (TOML has no tuples; ``include``/``exclude`` are tuples in the config).
     """
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()}
+    kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()}
     kwargs.setdefault("num_components", 2**bits)
     if "prior" in kwargs:
         prior = dict(kwargs["prior"])
@@ -53,7 +52,9 @@ def build_config(knobs: dict[str, Any], *, bits: int, nonzero: float) -> Any:
     return sqs.SQSConfig(**kwargs)
 
 
-def _train(model: nn.Module, data: CifarSplits, budget: Budget, nonzero: float, knobs: dict) -> dict:
+def _train(
+    model: nn.Module, teacher: nn.Module, data: CifarSplits, budget: Budget, nonzero: float, knobs: dict
+) -> dict:
     """Variational learning (Algorithm 1) with the shared loop; returns the loop's timing record.
 
     ``knobs`` holds the keyword arguments of ``param_groups``, ``Objective``, ``PruningSchedule`` and
@@ -69,17 +70,15 @@ def _train(model: nn.Module, data: CifarSplits, budget: Budget, nonzero: float, 
         pruning.step(step)
         gate_tau.step(step)
 
-    def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return objective(F.cross_entropy(logits, y))
-
     record = fit(
         model,
         optimizer,
         data.train_x,
         data.train_y,
         budget,
-        loss_fn=loss_fn,
+        regularizer=objective,
         before_step=before_step,
+        teacher=teacher,
         desc="sqs",
     )
     record["final_kl"] = objective.kl().item()
@@ -145,7 +144,7 @@ def run_sqs(
     ``groups`` / ``objective`` / ``pruning`` / ``gate_schedule`` are extra keyword arguments for
     ``sqs.param_groups`` / ``sqs.Objective`` / ``sqs.PruningSchedule`` / ``sqs.GateTemperatureSchedule``.
     """
-    model = copy.deepcopy(model)
+    teacher, model = model, copy.deepcopy(model)
     config = build_config(sqs_config or {}, bits=bits, nonzero=nonzero)
     sqs.prepare_(model, config)
     knobs = {
@@ -154,7 +153,7 @@ def run_sqs(
         "pruning": pruning or {},
         "gate_schedule": gate_schedule or {},
     }
-    train = _train(model, data, budget, nonzero, knobs)
+    train = _train(model, teacher, data, budget, nonzero, knobs)
     evaluations = _evaluate(model, data, nonzero, list(samples), budget.seed)
     artifact.parent.mkdir(parents=True, exist_ok=True)
     sqs.save(model, str(artifact), nonzero=nonzero)

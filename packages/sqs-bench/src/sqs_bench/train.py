@@ -35,6 +35,8 @@ class Budget:
     max_batches: int | None = None  # per epoch; the smoke tier caps it
     seed: int = 0
     bn_images: int = 512  # training images used to re-estimate batch-norm statistics
+    distill_weight: float = 0.0  # α of knowledge distillation from the fp32 model (0: plain cross-entropy)
+    distill_temperature: float = 4.0  # T of the softened teacher/student distributions
 
     def __post_init__(self) -> None:
         if self.epochs < 0:
@@ -45,6 +47,10 @@ class Budget:
             raise ValueError(f"max_batches must be >= 1 or None, got {self.max_batches}")
         if self.bn_images < 0:
             raise ValueError(f"bn_images must be >= 0, got {self.bn_images}")
+        if not 0.0 <= self.distill_weight <= 1.0:
+            raise ValueError(f"distill_weight must lie in [0, 1], got {self.distill_weight!r}")
+        if not self.distill_temperature > 0:
+            raise ValueError(f"distill_temperature must be > 0, got {self.distill_temperature!r}")
 
     def steps_per_epoch(self, num_train: int) -> int:
         """Optimizer steps in one epoch over ``num_train`` images (last partial batch dropped)."""
@@ -63,8 +69,21 @@ def progress(iterable, **kwargs):
     return tqdm(iterable, disable=not sys.stderr.isatty(), leave=False, **kwargs)
 
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Regularizer = Callable[[torch.Tensor], torch.Tensor]
 StepHook = Callable[[int], None]
+
+
+def data_loss(
+    logits: torch.Tensor, labels: torch.Tensor, teacher_logits: torch.Tensor | None, budget: Budget
+) -> torch.Tensor:
+    """Cross-entropy, or (1 − α)·CE + α·T²·KL(softmax(t/T) ‖ softmax(s/T)) with a teacher (Hinton et al., 2015)."""
+    ce = F.cross_entropy(logits, labels)
+    if teacher_logits is None or budget.distill_weight == 0:
+        return ce
+    temp, alpha = budget.distill_temperature, budget.distill_weight
+    student, target = F.log_softmax(logits / temp, 1), F.log_softmax(teacher_logits / temp, 1)
+    soft = F.kl_div(student, target, log_target=True, reduction="batchmean")
+    return (1 - alpha) * ce + alpha * temp**2 * soft
 
 
 def fit(
@@ -74,16 +93,23 @@ def fit(
     labels: torch.Tensor,
     budget: Budget,
     *,
-    loss_fn: LossFn | None = None,
+    regularizer: Regularizer | None = None,
     before_step: StepHook | None = None,
+    teacher: nn.Module | None = None,
     desc: str = "train",
 ) -> dict:
     """Train for ``budget.epochs`` epochs; returns steps, seconds and seconds per epoch.
 
-    ``loss_fn(logits, y)`` defaults to cross-entropy; ``before_step(step)`` runs before each step
-    (schedules). The data order and augmentation come from a generator seeded with ``budget.seed``.
+    The loss is ``regularizer(data_loss)`` (default: the data loss itself, see :func:`data_loss`; with
+    ``budget.distill_weight > 0`` the fp32 ``teacher`` is required and distilled from); ``before_step(step)``
+    runs before each step (schedules). The data order and augmentation come from a generator seeded with
+    ``budget.seed``.
     """
-    loss_fn = loss_fn or F.cross_entropy
+    if budget.distill_weight > 0 and teacher is None:
+        raise ValueError("budget.distill_weight > 0 needs the fp32 teacher model")
+    teacher = teacher if budget.distill_weight > 0 else None
+    if teacher is not None:
+        teacher.eval()
     generator = torch.Generator().manual_seed(budget.seed)
     per_epoch = budget.steps_per_epoch(images.shape[0])
     bs = min(budget.batch_size, images.shape[0])
@@ -95,7 +121,10 @@ def fit(
         for _, (x, y) in zip(range(per_epoch), batches, strict=False):
             if before_step is not None:
                 before_step(step)
-            loss = loss_fn(model(x), y)
+            with torch.no_grad():
+                teacher_logits = teacher(x) if teacher is not None else None
+            loss = data_loss(model(x), y, teacher_logits, budget)
+            loss = regularizer(loss) if regularizer is not None else loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
