@@ -12,9 +12,11 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from sqs_core._bits import read_fields
 from sqs_core.packing import (
     MASK_ENCODINGS,
     RICE_HEADER_BYTES,
+    decode_kept_positions,
     decode_mask,
     encode_mask,
     mask_cost_bytes,
@@ -182,6 +184,21 @@ def test_every_applicable_encoding_round_trips_at_its_cost(mask: torch.Tensor) -
         assert name == encoding
         assert payload.dtype == torch.uint8 and payload.numel() == cost
         assert torch.equal(decode_mask(name, payload, mask.numel()), mask)
+        assert torch.equal(decode_kept_positions(name, payload, mask.numel()), mask.nonzero().flatten())
+
+
+@given(
+    st.binary(min_size=0, max_size=40),
+    st.integers(1, 57),
+    st.integers(0, 40),
+    st.integers(0, 7),
+)
+def test_read_fields_matches_python_integers(raw: bytes, bits: int, count: int, start: int) -> None:
+    count = min(count, max(0, (8 * len(raw) - start) // bits))
+    stream = torch.tensor(list(raw), dtype=torch.uint8)
+    whole = int.from_bytes(raw, "little")
+    want = [(whole >> (start + i * bits)) & ((1 << bits) - 1) for i in range(count)]
+    assert read_fields(stream, bits, count, start).tolist() == want
 
 
 @given(masks())

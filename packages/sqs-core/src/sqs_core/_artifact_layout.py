@@ -27,7 +27,15 @@ import torch
 from torch import Tensor
 
 from .discrete import DiscretePosterior
-from .packing import decode_mask, encode_mask, pack_bits, packed_length, unpack_bits, unpack_gather
+from .packing import (
+    decode_kept_positions,
+    decode_mask,
+    encode_mask,
+    pack_bits,
+    packed_length,
+    unpack_bits,
+    unpack_gather,
+)
 
 SECTIONS = (
     "codebook",
@@ -222,10 +230,10 @@ class _Decoded:
     def __init__(self, name: str, rec: dict, blob: Tensor) -> None:
         self.rec, self.parts = rec, _split(rec, blob)
         self.numel = _numel(rec["shape"])
-        self.keep = decode_mask(rec["mask"], self.parts["mask"], self.numel)
-        if int(self.keep.sum()) != rec["kept"]:
+        self.positions = decode_kept_positions(rec["mask"], self.parts["mask"], self.numel)  # (n,) increasing
+        if self.positions.numel() != rec["kept"]:
             raise ValueError(
-                f"compressed tensor {name!r}: the mask keeps {int(self.keep.sum())} weights, "
+                f"compressed tensor {name!r}: the mask keeps {self.positions.numel()} weights, "
                 f"the header says {rec['kept']}"
             )
         dtype = FLOAT_DTYPES[rec["dtype"]]
@@ -237,6 +245,13 @@ class _Decoded:
                 f"the header says {rec['codes_used']}"
             )
         self.entries = used.nonzero().squeeze(1)  # (U,) flat index into the stored codebook
+
+    @property
+    def keep(self) -> Tensor:
+        """(T,) bool, True at the kept positions."""
+        keep = torch.zeros(self.numel, dtype=torch.bool)
+        keep[self.positions] = True
+        return keep
 
     def code_index(self) -> Tensor:
         bits, n = self.rec["code_bits"], self.rec["kept"]
@@ -259,7 +274,7 @@ def decode_weight(name: str, rec: dict, blob: Tensor) -> Tensor:
     """The greedy sparse quantized weight (eq. greedy), θ's shape; pruned weights are +0."""
     dec = _Decoded(name, rec, blob)
     out = torch.zeros(dec.numel, dtype=dec.codebook.dtype)
-    out.masked_scatter_(dec.keep, dec.kept_values())
+    out[dec.positions] = dec.kept_values()
     return out.reshape(rec["shape"])
 
 
@@ -270,9 +285,10 @@ def decode_posterior(name: str, rec: dict, blob: Tensor) -> DiscretePosterior:
     joint = dec.entries[dec.code_index()]  # (n,) flat stored-codebook entry of each kept weight
     window_ids = torch.zeros(dec.numel, dtype=torch.uint8)
     greedy = torch.zeros(dec.numel, dtype=torch.uint8)
-    window_ids[dec.keep] = (joint // k).to(torch.uint8)
-    greedy[dec.keep] = (joint % k).to(torch.uint8)
-    alt_index, alt_probs = _decode_alternatives(rec, dec.parts, dec.keep)
+    window_ids[dec.positions] = (joint // k).to(torch.uint8)
+    greedy[dec.positions] = (joint % k).to(torch.uint8)
+    keep = dec.keep
+    alt_index, alt_probs = _decode_alternatives(rec, dec.parts, keep)
     # A fully pruned tensor stores no codebook row; one row of zeros lets weights() index something.
     codebook = dec.codebook if dec.codebook.shape[0] else dec.codebook.new_zeros(1, k)
     return DiscretePosterior(
@@ -280,7 +296,7 @@ def decode_posterior(name: str, rec: dict, blob: Tensor) -> DiscretePosterior:
         codebook=codebook,
         window_ids=window_ids,
         greedy=greedy,
-        keep=dec.keep,
+        keep=keep,
         alt_index=alt_index,
         alt_probs=alt_probs,
     )

@@ -1,0 +1,128 @@
+"""Bit-stream primitives of the artifact's payloads (the bit order is documented in ``sqs_core.packing``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_bits", "pack_bits", "packed_length", "read_fields", "unpack_bits"]
+
+
+def packed_length(count: int, bits: int) -> int:
+    """Number of bytes ``ceil(count * bits / 8)`` that ``count`` values of ``bits`` bits occupy."""
+    check_bits(bits)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"count must be a non-negative int, got {count!r}")
+    return (count * bits + 7) // 8
+
+
+def pack_bits(values: Tensor, bits: int) -> Tensor:
+    """Pack integers ``0 ≤ v < 2**bits`` into a little-endian bit stream.
+
+    Layout: value ``i`` occupies stream bits ``[i*bits, (i+1)*bits)``, least significant bit
+    first, where stream bit ``j`` is bit ``j % 8`` of byte ``j // 8``.  E.g. with ``bits=2`` byte
+    0 holds ``v0 | v1 << 2 | v2 << 4 | v3 << 6``.  The result has ``ceil(len * bits / 8)`` bytes;
+    the unused high bits of the last byte are zero.
+
+    Args:
+        values: 1-D integer or bool tensor.
+        bits: field width, 1..8.
+
+    Returns:
+        1-D ``uint8`` tensor on ``values.device``.
+    """
+    check_bits(bits)
+    if values.dim() != 1:
+        raise ValueError(f"values must be 1-D, got shape {tuple(values.shape)}")
+    if values.dtype.is_floating_point or values.dtype.is_complex:
+        raise TypeError(f"values must be an integer or bool tensor, got {values.dtype}")
+    n = values.numel()
+    if n and values.dtype != torch.bool:
+        lo, hi = int(values.min()), int(values.max())
+        if lo < 0 or hi >= 1 << bits:
+            raise ValueError(f"values must lie in [0, {1 << bits}) for bits={bits}, got range [{lo}, {hi}]")
+    device = values.device
+    groups = (n + 7) // 8
+    # 8 values of `bits` bits are exactly `bits` bytes: assemble each group in one int64 word.
+    v = torch.zeros(groups * 8, dtype=torch.int64, device=device)
+    v[:n] = values
+    shifts = torch.arange(8, device=device) * bits
+    word = (v.view(groups, 8) << shifts).sum(dim=1)  # (groups,), fields do not overlap
+    byte_shifts = torch.arange(bits, device=device) * 8
+    out = ((word.unsqueeze(1) >> byte_shifts) & 0xFF).to(torch.uint8).reshape(-1)  # (groups * bits,)
+    return out[: packed_length(n, bits)].clone()
+
+
+def unpack_bits(packed: Tensor, bits: int, count: int) -> Tensor:
+    """Inverse of :func:`pack_bits`: read ``count`` fields of ``bits`` bits.
+
+    Raises ``ValueError`` when ``packed`` does not hold exactly ``ceil(count * bits / 8)`` bytes
+    (a truncated or over-long payload) or when its padding bits are not zero.
+
+    Returns:
+        1-D ``uint8`` tensor of length ``count`` on ``packed.device``.
+    """
+    check_packed(packed, bits, count)
+    return _unpack_aligned(packed, bits, count)
+
+
+def _unpack_aligned(packed: Tensor, bits: int, count: int) -> Tensor:
+    """``count`` fields of ``bits`` ∈ 1..8 bits from the start of ``packed`` (uint8 result, no checks)."""
+    device = packed.device
+    if bits == 8:
+        return packed[:count].clone()
+    mask = (1 << bits) - 1
+    if 8 % bits == 0:
+        # bits ∈ {1, 2, 4}: every byte holds 8 // bits whole fields, so shift the bytes directly.
+        shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=device)
+        fields = (packed.unsqueeze(1) >> shifts).bitwise_and_(mask)  # (bytes, 8 // bits)
+        return fields.reshape(-1)[:count]
+    # bits ∈ {3, 5, 6, 7}: a group of 8 fields is `bits` bytes; assemble one int64 word per group.
+    groups = (count + 7) // 8
+    padded = torch.zeros(groups * bits, dtype=torch.int64, device=device)
+    used = min(packed.numel(), groups * bits)
+    padded[:used] = packed[:used]
+    byte_shifts = torch.arange(bits, device=device) * 8
+    word = (padded.view(groups, bits) << byte_shifts).sum(dim=1)  # (groups,)
+    shifts = torch.arange(8, device=device) * bits
+    fields = ((word.unsqueeze(1) >> shifts) & mask).to(torch.uint8)  # (groups, 8)
+    return fields.reshape(-1)[:count]
+
+
+def read_fields(stream: Tensor, bits: int, count: int, start_bit: int = 0) -> Tensor:
+    """``count`` fields of ``bits`` bits (1..57) read from ``stream`` (uint8) from bit ``start_bit`` on,
+    LSB first, as int64; no length or padding checks (the caller validates). Byte-aligned fields of
+    ≤ 8 bits take :func:`unpack_bits`' shift path; the rest gather the ≤ 8 bytes each field straddles."""
+    if count == 0:
+        return torch.zeros(0, dtype=torch.int64, device=stream.device)
+    if start_bit % 8 == 0 and bits <= 8:
+        start = start_bit // 8
+        return _unpack_aligned(stream[start : start + (count * bits + 7) // 8], bits, count).long()
+    offsets = torch.arange(count, dtype=torch.int64, device=stream.device) * bits + start_bit
+    first = offsets >> 3
+    span = (bits + 7 + 7) // 8  # bytes a field can straddle
+    padded = torch.cat([stream, stream.new_zeros(span)]).long()
+    word = padded[first]
+    for j in range(1, span):
+        word |= padded[first + j] << (8 * j)
+    return (word >> (offsets & 7)) & ((1 << bits) - 1)
+
+
+def check_bits(bits: int) -> None:
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
+        raise ValueError(f"bits must be an int in 1..8, got {bits!r}")
+
+
+def check_packed(packed: Tensor, bits: int, count: int) -> None:
+    expected = packed_length(count, bits)
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"packed must be a uint8 tensor, got {packed.dtype}")
+    if packed.dim() != 1:
+        raise ValueError(f"packed must be 1-D, got shape {tuple(packed.shape)}")
+    if packed.numel() != expected:
+        raise ValueError(
+            f"packed payload has {packed.numel()} bytes, expected {expected} for {count} values of {bits} bits"
+        )
+    used = count * bits % 8
+    if used and int(packed[-1]) >> used:
+        raise ValueError(f"padding bits of the last byte are not zero (last byte {int(packed[-1]):#04x})")
