@@ -52,6 +52,7 @@ def _fake_result(config: dict, drop: float) -> dict:
         "report": config["report"],
         "git_commit": None,
         "machine": {"platform": "test", "cpu_count": 2, "torch": "x"},
+        "wall_time_s": 1.5,
         "metrics": metrics,
         "evaluations": evaluations,
         "config": config,
@@ -98,3 +99,17 @@ def test_rows_keep_every_inference_mode(results_dir):
 def test_no_results_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no result JSON"):
         build_report(tmp_path)
+
+
+def test_summary_json_holds_the_issue_keys(results_dir):
+    build_report(results_dir, results_dir / "out", prefix="cifar10")
+    table1 = json.loads((results_dir / "out" / "cifar10.json").read_text())
+    required = {"model", "method", "bits", "nonzero", "compression_rate_paper", "compression_rate_file"}
+    required |= {"fp32_acc", "acc", "drop", "drop_ci"}
+    assert len(table1["rows"]) == 4 and all(required <= set(row) for row in table1["rows"])
+    assert {row["method"] for row in table1["rows"]} == {"sqs", "dgms", "magnitude_kmeans", "uniform"}
+    assert table1["paper"]["table1_resnet20"]["fp32_acc"] == 92.60
+    ablations = json.loads((results_dir / "out" / "cifar10_ablations.json").read_text())["ablations"]
+    assert set(ablations) == {"ablation_bayes_samples", "ablation_greedy_vs_bayes", "ablation_prior"}
+    assert len(ablations["ablation_bayes_samples"]["rows"]) == 6  # greedy and five M
+    assert all(a["substitute"].startswith("SUBSTITUTE") for a in ablations.values())

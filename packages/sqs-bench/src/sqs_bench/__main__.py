@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", parents=[common], help="markdown tables and PNG plots from JSON results")
     report.add_argument("--results", required=True, type=Path)
     report.add_argument("--out", default=None, type=Path, help="output folder (default: --results)")
+    report.add_argument("--prefix", default="results", help="name of the summary JSON files (<prefix>.json)")
     listing = commands.add_parser("list", parents=[common], help="list recipes and the runs of a suite")
     listing.add_argument("--suite", default="default")
     listing.add_argument("--tier", default="cpu", choices=TIERS)
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _run(args)
         if args.command == "report":
-            print(f"wrote {build_report(args.results, args.out)}")
+            print(f"wrote {build_report(args.results, args.out, prefix=args.prefix)}")
             return 0
         return _list(args)
     except (DataNotFoundError, ImportError, FileNotFoundError, ValueError) as err:

@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-__all__ = ["build_report", "load_results", "rows"]
+__all__ = ["build_report", "load_results", "rows", "summaries"]
 
 logger = logging.getLogger(__name__)
 
@@ -230,8 +230,56 @@ def _section(recipe: str, results: list[dict], out_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Write ``report.md`` and one PNG per recipe into ``out_dir`` (default: ``results_dir``)."""
+_TABLE1_KEYS = (
+    "model",
+    "method",
+    "bits",
+    "nonzero",
+    "compression_rate_paper",
+    "compression_rate_file",
+    "fp32_acc",
+    "acc",
+    "drop",
+    "drop_ci",
+    "inference",
+    "val_acc",
+    "test_images",
+)
+
+
+def summaries(results: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(Table 1 summary, ablations summary): machine-readable rows made from the result files only.
+
+    Table 1: one row per (model, method) with the keys of :data:`_TABLE1_KEYS` plus wall time, run id and
+    label, and the paper's reported rows per recipe. Ablations: per recipe, its title, the substitute
+    label and one row per evaluation (greedy and each M for SQS)."""
+    machines = sorted({json.dumps(r["machine"], sort_keys=True) for r in results})
+    common = {
+        "git_commits": sorted({str(r["git_commit"]) for r in results}),
+        "machines": [json.loads(m) for m in machines],
+    }
+    table1 = [r for r in results if r["report"].get("kind") == "table1"]
+    table1_rows = [
+        {k: r["metrics"].get(k) for k in _TABLE1_KEYS}
+        | {"wall_time_s": r["wall_time_s"], "run_id": r["run_id"], "label": r["label"], "tier": r["tier"]}
+        for r in table1
+    ]
+    paper = {r["recipe"]: r["paper"] for r in table1}
+    ablations: dict[str, Any] = {}
+    for r in results:
+        if r["report"].get("kind") == "table1":
+            continue
+        entry = ablations.setdefault(
+            r["recipe"], {"title": r["meta"].get("title"), "substitute": r["meta"].get("substitute"), "rows": []}
+        )
+        entry["rows"] += [row | {"run_id": r["run_id"], "wall_time_s": r["wall_time_s"]} for row in rows(r)]
+        entry["paper"] = r["paper"]
+    return common | {"rows": table1_rows, "paper": paper}, common | {"ablations": ablations}
+
+
+def build_report(results_dir: str | Path, out_dir: str | Path | None = None, *, prefix: str = "results") -> Path:
+    """Write ``report.md``, one PNG per recipe, ``<prefix>.json`` (Table 1 rows) and
+    ``<prefix>_ablations.json`` into ``out_dir`` (default: ``results_dir``)."""
     results = load_results(results_dir)
     out = Path(out_dir) if out_dir is not None else Path(results_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -250,5 +298,10 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     parts += [_section(recipe, group, out) for recipe, group in sorted(by_recipe.items())]
     path = out / "report.md"
     path.write_text("\n".join(parts))
+    table1, ablations = summaries(results)
+    if table1["rows"]:
+        (out / f"{prefix}.json").write_text(json.dumps(table1, indent=1) + "\n")
+    if ablations["ablations"]:
+        (out / f"{prefix}_ablations.json").write_text(json.dumps(ablations, indent=1) + "\n")
     logger.info("wrote %s (%d results)", path, len(results))
     return path
