@@ -28,7 +28,11 @@ def test_default_suite_is_table1_resnet20_with_four_methods():
 def test_cifar10_suite_holds_table1_and_the_labelled_ablations():
     configs = suite_configs("cifar10", "cpu")
     table1 = [c for c in configs if c["recipe"].startswith("table1")]
-    assert {c["model"] for c in table1} == {"resnet20", "resnet32", "resnet56"} and len(table1) == 12
+    assert {c["model"] for c in table1} == {"resnet20", "resnet32", "resnet56"} and len(table1) == 13
+    assert {c["label"] for c in table1 if c["method"] == "sqs"} == {"sqs", "sqs-appendix-recipe"}
+    assert all(c["distill_weight"] == (0.0 if c["label"] == "sqs-appendix-recipe" else 0.9) for c in table1)
+    variants = [c for c in configs if c["recipe"] == "sqs_variants_resnet20"]
+    assert len(variants) == 6 and all(c["method"] == "sqs" for c in variants)
     prior = [c for c in configs if c["recipe"] == "ablation_prior"]
     assert sorted((c["nonzero"], c["sqs"]["prior"]["kind"]) for c in prior) == sorted(
         (nz, kind) for nz in (0.5, 0.4, 0.3, 0.2) for kind in ("spike_slab", "gaussian")
@@ -37,6 +41,7 @@ def test_cifar10_suite_holds_table1_and_the_labelled_ablations():
     assert sorted((c["model"], 2 ** c["bits"]) for c in greedy) == sorted(
         (m, k) for m in ("resnet20", "resnet56") for k in (2, 4, 8, 16)
     )
+    assert {(c["model"], c["epochs"]) for c in greedy} == {("resnet20", 10), ("resnet56", 4)}
     assert all(c["nonzero"] == 1.0 for c in greedy)
     (samples,) = [c for c in configs if c["recipe"] == "ablation_bayes_samples"]
     assert samples["bits"] == 4 and samples["nonzero"] == 0.5
@@ -51,8 +56,13 @@ def test_tiers_override_the_budget_and_models():
     paper = expand_recipe(load_recipe("ablation_prior"), "paper")
     assert {c["model"] for c in paper} == {"timm:resnet18"} and {c["dataset"] for c in paper} == {"cifar100"}
     assert all(c["options"]["quant_lr"] == 5e-4 and c["options"]["gate_lr"] == 0.012 for c in paper)
+    assert all(c["distill_weight"] == 0.0 for c in paper)  # the paper's recipe: no distillation
+    table1 = expand_recipe(load_recipe("table1_resnet20"), "paper")
+    assert {c["options"].get("gate_lr") for c in table1 if c["method"] == "sqs"} == {0.012}
+    assert all("gate_lr" not in c.get("options", {}) for c in table1 if c["method"] != "sqs")
     greedy = expand_recipe(load_recipe("ablation_greedy_vs_bayes"), "paper")
     assert {c["model"] for c in greedy} == {"timm:resnet18", "timm:resnet50"}
+    assert {c["epochs"] for c in greedy} == {10}
     assert all(c["requires_full_data"] for c in paper + greedy)
 
 

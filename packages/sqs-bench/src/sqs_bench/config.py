@@ -8,7 +8,8 @@ overrides every recipe gets for a tier (the smoke tier's few batches and few tes
 ``recipes/suites.toml`` lists the recipes of each suite.
 
 Run config = defaults ⊕ run ⊕ grid point ⊕ tiers.toml[tier] ⊕ recipe.tiers[tier] (nested tables merge);
-a ``model_map`` table in a tier then renames models (the paper tier maps substitutes to the paper's models).
+a ``model_map`` table in a tier then renames models (the paper tier maps substitutes to the paper's models),
+and a ``method_options`` table (method → options) overrides the options of that method only.
 """
 
 from __future__ import annotations
@@ -89,8 +90,8 @@ def _grid_points(grid: dict[str, list]) -> list[dict[str, Any]]:
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
 
 
-def _label(run: dict[str, Any], point: dict[str, Any]) -> str:
-    parts = [run.get("label", run["method"])]
+def _label(run: dict[str, Any], point: dict[str, Any], method: str) -> str:
+    parts = [run.get("label", method)]
     parts += [f"{key.split('.')[-1]}={value}" for key, value in point.items()]
     return "_".join(str(p) for p in parts)
 
@@ -111,6 +112,10 @@ def expand_recipe(recipe: dict[str, Any], tier: str) -> list[dict[str, Any]]:
             for dotted, value in point.items():
                 _set_dotted(config, dotted, value)
             config = merge(merge(config, tier_defaults), tier_recipe)
+            # a tier may override the options of one method only, e.g. method_options = { sqs = {...} }
+            per_method = config.pop("method_options", {}).get(config.get("method"), {})
+            if per_method:
+                config["options"] = merge(config.get("options", {}), per_method)
             # a tier may swap the substitute models for the paper's (e.g. resnet56 -> timm:resnet18)
             model_map = config.pop("model_map", {})
             if "model" in config:
@@ -118,7 +123,7 @@ def expand_recipe(recipe: dict[str, Any], tier: str) -> list[dict[str, Any]]:
             missing = [k for k in _RUN_KEYS_REQUIRED if k not in config]
             if missing:
                 raise ValueError(f"recipe {meta['name']!r}: run {run} lacks {missing}")
-            config.update(recipe=meta["name"], tier=tier, label=_label(run, point))
+            config.update(recipe=meta["name"], tier=tier, label=_label(run, point, config["method"]))
             config["run_id"] = f"{meta['name']}__{config['model']}__{config['label']}".replace("=", "-")
             config["meta"] = meta
             config["paper"] = recipe.get("paper", {})

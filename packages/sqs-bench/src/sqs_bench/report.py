@@ -49,6 +49,7 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         "prior": prior,
         "label": result["label"],
         "n": m["test_images"],
+        "wall_time_s": result.get("wall_time_s"),
     }
     return [{**base, **ev, "primary": ev["name"] == m["inference"]} for ev in result["evaluations"]]
 
@@ -98,10 +99,11 @@ def _table1(group: list[dict]) -> tuple[str, list[dict]]:
         "Acc",
         "Drop [95% CI]",
         "Val acc",
+        "Wall (s)",
     ]
     body = [
         [
-            r["method"],
+            r["label"],
             _comp_type(r),
             _num(r["bits"], "{:g}"),
             _num(100 * r["nonzero"], "{:.1f}"),
@@ -111,6 +113,7 @@ def _table1(group: list[dict]) -> tuple[str, list[dict]]:
             _num(r["acc"]),
             _drop(r),
             _num(r["val_acc"]),
+            _num(r["wall_time_s"], "{:.0f}"),
         ]
         for r in primary
     ]
@@ -156,7 +159,7 @@ def _errorbar(ax, xs: list, group: list[dict], label: str, **kwargs) -> None:
 
 def _plot_table1(ax, primary: list[dict], paper: dict) -> None:
     for r in primary:
-        _errorbar(ax, [r["rate_paper"]], [r], r["method"], marker="o", linestyle="none")
+        _errorbar(ax, [r["rate_paper"]], [r], r["label"], marker="o", linestyle="none")
     for row in paper.get("rows", []):
         ax.scatter([row["compression_rate"]], [row["drop"]], marker="x", color="gray")
         ax.annotate(f"{row['method']} (paper)", (row["compression_rate"], row["drop"]), fontsize=7)
@@ -179,6 +182,14 @@ def _plot_samples(ax, group: list[dict], paper: dict) -> None:
         )
     ax.set_xscale("log")
     ax.set_xlabel("M (samples)")
+
+
+def _plot_variants(ax, primary: list[dict]) -> None:
+    """One point per labelled variant (its primary evaluation), in recipe order, drop with its interval."""
+    for i, r in enumerate(primary):
+        _errorbar(ax, [i], [r], r["label"], marker="o", linestyle="none")
+    ax.set_xticks(range(len(primary)), [r["label"] for r in primary], rotation=30, ha="right", fontsize=6)
+    ax.set_xlabel("variant")
 
 
 def _plot_series(ax, group: list[dict], x: str, series: str, xlabel: str) -> None:
@@ -214,6 +225,8 @@ def _section(recipe: str, results: list[dict], out_dir: Path) -> str:
         table = _by_inference(group)
         if kind == "samples":
             _plot_samples(ax, group, paper)
+        elif kind == "variants":
+            _plot_variants(ax, [r for r in group if r["primary"]])
         elif kind == "greedy_vs_bayes":
             _plot_series(ax, [dict(r, K=2 ** r["bits"]) for r in group], "K", "inference", "K (components)")
             ax.set_xscale("log", base=2)
@@ -272,7 +285,7 @@ def summaries(results: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, 
         entry = ablations.setdefault(
             r["recipe"], {"title": r["meta"].get("title"), "substitute": r["meta"].get("substitute"), "rows": []}
         )
-        entry["rows"] += [row | {"run_id": r["run_id"], "wall_time_s": r["wall_time_s"]} for row in rows(r)]
+        entry["rows"] += [row | {"run_id": r["run_id"]} for row in rows(r)]
         entry["paper"] = r["paper"]
     return common | {"rows": table1_rows, "paper": paper}, common | {"ablations": ablations}
 
