@@ -68,7 +68,7 @@ def compress(model, train, epochs, seed, nonzero):
     sqs.prepare_(model, sqs.SQSConfig(num_components=4, seed=seed))
     steps = epochs * -(-len(train[1]) // 64)
     objective = sqs.Objective(model, num_data=len(train[1]))
-    opt = torch.optim.AdamW(sqs.param_groups(model, quant_lr=5e-4, gate_lr=0.012, other_lr=1e-3))
+    opt = torch.optim.AdamW(sqs.param_groups(model, quant_lr=5e-4, gate_lr=1e-4, other_lr=1e-3))
     pruning = sqs.PruningSchedule(model, target_nonzero=nonzero, total_steps=steps)
     gate_tau = sqs.GateTemperatureSchedule(model, total_steps=steps)
     gen, step = torch.Generator().manual_seed(seed + 1), 0

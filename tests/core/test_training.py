@@ -64,14 +64,15 @@ def pretrained():
     return model.state_dict(), train, test, _accuracy(model, test)
 
 
-def _compress(pretrained, **config):
+def _compress(pretrained, gate_lr=None, **config):
     state, train, test, fp32 = pretrained
     model = _net()
     model.load_state_dict(state)
     sqs.prepare_(model, sqs.SQSConfig(num_components=4, **config))
     steps = EPOCHS * -(-N_TRAIN // 64)
     objective = sqs.Objective(model, num_data=N_TRAIN)
-    opt = torch.optim.AdamW(sqs.param_groups(model, quant_lr=5e-4, other_lr=1e-3))
+    lrs = {} if gate_lr is None else {"gate_lr": gate_lr}  # None: param_groups' default
+    opt = torch.optim.AdamW(sqs.param_groups(model, quant_lr=5e-4, other_lr=1e-3, **lrs))
     pruning = sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=steps)
     gate_tau = sqs.GateTemperatureSchedule(model, total_steps=steps)
     counter = iter(range(10**9))
@@ -108,5 +109,6 @@ def test_literal_objective_drives_every_gate_to_zero(pretrained):
     """The mechanism of the trap: with β = 1 and gates started at λ the KL drives every λ̃ towards 0, so
     the training forward (λ̃·μ) no longer matches inference (μ). How much accuracy that costs depends on
     the ratio of weights to examples (chance on the digits demo and on CIFAR ResNet-20; docs/method.md)."""
-    _, _, mean_keep = _compress(pretrained, kl_weight=1.0, gate_init="constant", initial_keep_prob=0.5)
+    literal = {"kl_weight": 1.0, "gate_init": "constant", "initial_keep_prob": 0.5}
+    _, _, mean_keep = _compress(pretrained, gate_lr=0.012, **literal)  # the appendix's gate learning rate
     assert mean_keep < 0.05, f"literal Ω_apx left the kept gates at mean λ̃ = {mean_keep:.3f}"
