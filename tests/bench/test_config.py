@@ -35,13 +35,10 @@ def test_cifar10_suite_holds_table1_and_the_labelled_ablations():
     assert len(variants) == 6 and all(c["method"] == "sqs" for c in variants)
     prior = [c for c in configs if c["recipe"] == "ablation_prior"]
     assert sorted((c["nonzero"], c["sqs"]["prior"]["kind"]) for c in prior) == sorted(
-        (nz, kind) for nz in (0.5, 0.4, 0.3, 0.2) for kind in ("spike_slab", "gaussian")
+        (nz, kind) for nz in (0.5, 0.2) for kind in ("spike_slab", "gaussian")
     )
     greedy = [c for c in configs if c["recipe"] == "ablation_greedy_vs_bayes"]
-    assert sorted((c["model"], 2 ** c["bits"]) for c in greedy) == sorted(
-        (m, k) for m in ("resnet20", "resnet56") for k in (2, 4, 8, 16)
-    )
-    assert {(c["model"], c["epochs"]) for c in greedy} == {("resnet20", 10), ("resnet56", 4)}
+    assert sorted((c["model"], 2 ** c["bits"]) for c in greedy) == sorted(("resnet20", k) for k in (2, 4, 8, 16))
     assert all(c["nonzero"] == 1.0 for c in greedy)
     (samples,) = [c for c in configs if c["recipe"] == "ablation_bayes_samples"]
     assert samples["bits"] == 4 and samples["nonzero"] == 0.5
@@ -61,8 +58,7 @@ def test_tiers_override_the_budget_and_models():
     assert {c["options"].get("gate_lr") for c in table1 if c["method"] == "sqs"} == {0.012}
     assert all("gate_lr" not in c.get("options", {}) for c in table1 if c["method"] != "sqs")
     greedy = expand_recipe(load_recipe("ablation_greedy_vs_bayes"), "paper")
-    assert {c["model"] for c in greedy} == {"timm:resnet18", "timm:resnet50"}
-    assert {c["epochs"] for c in greedy} == {10}
+    assert {c["model"] for c in greedy} == {"timm:resnet18"} and {c["epochs"] for c in greedy} == {10}
     assert all(c["requires_full_data"] for c in paper + greedy)
 
 
