@@ -28,9 +28,10 @@ def test_default_suite_is_table1_resnet20_with_four_methods():
 def test_cifar10_suite_holds_table1_and_the_labelled_ablations():
     configs = suite_configs("cifar10", "cpu")
     table1 = [c for c in configs if c["recipe"].startswith("table1")]
-    assert {c["model"] for c in table1} == {"resnet20", "resnet32", "resnet56"} and len(table1) == 13
+    assert {c["model"] for c in table1} == {"resnet20", "resnet32", "resnet56"} and len(table1) == 15
     assert {c["label"] for c in table1 if c["method"] == "sqs"} == {"sqs", "sqs-appendix-recipe"}
-    assert all(c["distill_weight"] == (0.0 if c["label"] == "sqs-appendix-recipe" else 0.9) for c in table1)
+    undistilled = {"sqs-appendix-recipe", "dgms-no-distillation", "magnitude_kmeans-no-distillation"}
+    assert all(c["distill_weight"] == (0.0 if c["label"] in undistilled else 0.9) for c in table1)
     variants = [c for c in configs if c["recipe"] == "sqs_variants_resnet20"]
     assert len(variants) == 6 and all(c["method"] == "sqs" for c in variants)
     prior = [c for c in configs if c["recipe"] == "ablation_prior"]

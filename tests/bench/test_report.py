@@ -82,7 +82,7 @@ def test_report_has_one_section_and_plot_per_recipe(results_dir):
 
 def test_rows_keep_every_inference_mode(results_dir):
     results = load_results(results_dir)
-    assert len(results) == 5 + 1 + 4 + 4  # table1_resnet20 has two SQS runs
+    assert len(results) == 7 + 1 + 4 + 4  # table1_resnet20: two SQS runs, two undistilled baselines
     samples = next(r for r in results if r["recipe"] == "ablation_bayes_samples")
     text = build_report(results_dir).read_text()
     assert [e["name"] for e in samples["evaluations"]] == [
@@ -106,7 +106,7 @@ def test_summary_json_holds_the_issue_keys(results_dir):
     table1 = json.loads((results_dir / "out" / "cifar10.json").read_text())
     required = {"model", "method", "bits", "nonzero", "compression_rate_paper", "compression_rate_file"}
     required |= {"fp32_acc", "acc", "drop", "drop_ci"}
-    assert len(table1["rows"]) == 5 and all(required <= set(row) for row in table1["rows"])
+    assert len(table1["rows"]) == 7 and all(required <= set(row) for row in table1["rows"])
     assert {row["method"] for row in table1["rows"]} == {"sqs", "dgms", "magnitude_kmeans", "uniform"}
     assert table1["paper"]["table1_resnet20"]["fp32_acc"] == 92.60
     ablations = json.loads((results_dir / "out" / "cifar10_ablations.json").read_text())["ablations"]

@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default="runs/bench", type=Path, help="folder for result JSON files")
     run.add_argument("--recipe", action="append", help="only these recipes of the suite (repeatable)")
     run.add_argument("--method", action="append", choices=METHODS, help="only these methods (repeatable)")
+    run.add_argument("--label", action="append", help="only the runs with these labels (repeatable)")
     run.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     report = commands.add_parser("report", parents=[common], help="markdown tables and PNG plots from JSON results")
     report.add_argument("--results", required=True, type=Path)
@@ -60,8 +61,10 @@ def _print_result(result: dict) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     def only(config: dict) -> bool:
-        return (args.recipe is None or config["recipe"] in args.recipe) and (
-            args.method is None or config["method"] in args.method
+        return (
+            (args.recipe is None or config["recipe"] in args.recipe)
+            and (args.method is None or config["method"] in args.method)
+            and (args.label is None or config["label"] in args.label)
         )
 
     if args.threads is not None:
