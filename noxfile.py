@@ -3,7 +3,9 @@
 nox -s tests            every package's tests (core, theory, bench), each in its own venv
 nox -s demo             the embedded-default main job (digits CNN, 2 bits / 50% non-zero)
 nox -s lint typecheck   ruff and mypy
-nox -s theory           the quick tier of the convergence study (-- --tier full for the long one)
+nox -s theory           the quick tier of the convergence study, into build/theory
+                        (-- --tier full --out docs/results/theory for the committed one, then
+                        python -m sqs_theory docs to refresh docs/theory.md)
 nox -s bench            the default benchmark suite (-- --suite cifar10 for everything)
 """
 
@@ -71,10 +73,11 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def theory(session: nox.Session) -> None:
-    """Convergence study; quick tier by default, `-- --tier full` for the committed results."""
+    """Convergence study on one thread; quick tier into build/theory by default,
+    `-- --tier full --out docs/results/theory` for the committed results."""
     _install_core(session)
     session.install("-e", THEORY)
-    session.run("python", "-m", "sqs_theory", "convergence", *session.posargs)
+    session.run("python", "-m", "sqs_theory", "convergence", *(session.posargs or ["--tier", "quick"]))
 
 
 @nox.session

@@ -76,3 +76,14 @@ def grid_points(draw: st.DrawFn) -> GridPoint:
     n = float(10 ** draw(st.floats(2.0, 12.0)))
     s = draw(st.integers(1, max(1, min(n_params(L, N, p), int(n) - 1, 10_000))))
     return GridPoint(n=n, L=L, N=N, s=s, p=p)
+
+
+# --- the convergence study (synthetic teacher, recovery, projection) --------------------------------
+teacher_seeds = st.integers(min_value=0, max_value=10_000)
+unit_scales = st.lists(st.floats(min_value=0.4, max_value=2.5, allow_nan=False), min_size=6, max_size=6)
+
+
+@st.composite
+def unit_permutations(draw: st.DrawFn, width: int = 6) -> list[int]:
+    """A permutation of the hidden units."""
+    return draw(st.permutations(list(range(width))))

@@ -1,6 +1,8 @@
 """sqs-theory: numerical checks of the SQS paper's theory (Appendix A, Appendix B, H(T, s, K)).
 
-numpy / scipy / sympy only; the library logs and never prints.
+The checks use numpy / scipy / sympy only. The convergence study (``synthetic``, ``projection``,
+``student``, ``risk``, ``recovery``, ``convergence``, ``plots``) also needs torch and sqs-core; it is not
+imported here, so ``import sqs_theory`` stays light. The library logs and never prints.
 """
 
 from __future__ import annotations

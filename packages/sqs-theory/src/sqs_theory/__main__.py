@@ -1,9 +1,10 @@
-"""Command line: ``python -m sqs_theory {errata,checks,convergence}``."""
+"""Command line: ``python -m sqs_theory {errata,checks,convergence,docs}``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,7 +15,9 @@ from .errata import build_errata, write_errata
 from .verdict import format_table
 
 DEFAULT_ERRATA = Path("docs/results/theory/errata.json")
-DEFAULT_CONVERGENCE = Path("docs/results/theory/convergence")
+DEFAULT_CONVERGENCE = Path("build/theory")  # the committed full tier lives in docs/results/theory
+COMMITTED_CONVERGENCE = Path("docs/results/theory/convergence.json")
+DEFAULT_DOC = Path("docs/theory.md")
 
 
 def _errata(args: argparse.Namespace) -> int:
@@ -36,10 +39,31 @@ def _checks(args: argparse.Namespace) -> int:
 
 
 def _convergence(args: argparse.Namespace) -> int:
-    json_path, png_path = write_study(args.tier, args.out)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    json_path, png_path = write_study(args.tier, args.out, threads=args.threads)
     result = json.loads(json_path.read_text())
-    print(f"slope {result['slope']} CI {result['slope_ci']} (theory {result['theory_slope']})")
-    print(f"wrote {json_path} and {png_path}")
+    for row in result["summary"]:
+        print(f"n={row['n']:6d}  median d2={row['median']:.3g}  n*median={row['n_times_median']:.3g}  "
+              f"support exact {row['support_exact']:.2f}")  # fmt: skip
+    print(f"slope {result['slope']} CI {result['slope_ci']} (theory {result['theory']['theory_slope']} up to logs)")
+    print(f"wall time {result['wall_time_s']:.0f} s; wrote {json_path} and {png_path}")
+    return 0
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from .docs import generated_blocks, render
+
+    result = json.loads(args.convergence.read_text()) if args.convergence.exists() else None
+    text = args.path.read_text()
+    new = render(text, generated_blocks(result))
+    if args.check:
+        if new != text:
+            print(f"{args.path} is out of date: run `python -m sqs_theory docs` (generated blocks differ)")
+            return 1
+        print(f"{args.path} is up to date")
+        return 0
+    args.path.write_text(new)
+    print(f"wrote the generated blocks of {args.path}")
     return 0
 
 
@@ -64,7 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument(
         "--out", type=Path, default=DEFAULT_CONVERGENCE, help=f"output dir (default {DEFAULT_CONVERGENCE})"
     )
+    conv.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    conv.add_argument("-v", "--verbose", action="store_true", help="log every fit")
     conv.set_defaults(func=_convergence)
+
+    docs = sub.add_parser("docs", help="regenerate the tables of docs/theory.md (verdicts, errata, convergence)")
+    docs.add_argument("--path", type=Path, default=DEFAULT_DOC, help=f"the document (default {DEFAULT_DOC})")
+    docs.add_argument("--convergence", type=Path, default=COMMITTED_CONVERGENCE,
+                      help=f"the convergence study's JSON (default {COMMITTED_CONVERGENCE})")  # fmt: skip
+    docs.add_argument("--check", action="store_true", help="exit 1 if the document differs instead of writing it")
+    docs.set_defaults(func=_docs)
     return parser
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from scipy import integrate
 from scipy.special import log_ndtr
 
-from .verdict import Verdict
+from .verdict import Verdict, equality
 
 __all__ = [
     "abs_mgf",
@@ -87,32 +87,27 @@ def sq_mgf_quad(t: float, sigma: float, d: float = 0.0) -> float:
 def check_gaussian_abs_mgf(t: float = 1.0, sigma: float = 0.5) -> Verdict:
     """Claim: ``E_N(mu, s^2) exp(t |W - mu|) = 2 exp(t^2 s^2 / 2)``; truth has a factor ``Phi(t s)``."""
     paper, true = 2 * math.exp(t * t * sigma * sigma / 2), abs_mgf_quad(t, sigma)
-    return Verdict(
+    return equality(
         name="gaussian-abs-mgf",
         location="App. B, proof of Lemma bound_elbo (first term of eq. 21)",
-        kind="identity",
         claim="E exp(t|W-mu|) = 2 exp(t^2 sigma^2/2)",
-        holds=math.isclose(paper, true, rel_tol=1e-9),
-        details={
-            "paper": paper,
-            "quadrature": true,
-            "closed_form": abs_mgf(t, sigma),
-            "paper_is_upper": paper >= true,
-        },
+        claimed=paper,
+        reference=true,
+        keys=("paper", "quadrature"),
+        extra={"closed_form": abs_mgf(t, sigma), "paper_is_upper": paper >= true},
     )
 
 
 def check_shifted_abs_mgf(t: float = 2.0, sigma: float = 0.3, d: float = -1.0) -> Verdict:
     """Claim: ``E_N(mu_k, s^2) exp(t|W - mu_(i)|) = 2 exp(t d + s^2 t^2 / 2)``; false (e.g. for d < 0)."""
-    paper, true = 2 * math.exp(t * d + sigma * sigma * t * t / 2), abs_mgf_quad(t, sigma, d)
-    final = 2 * math.exp(t * abs(d) + sigma * sigma * t * t / 2)
-    return Verdict(
+    return equality(
         name="shifted-abs-mgf",
         location="App. B, proof of Lemma bound_elbo (second term of eq. 21)",
-        kind="identity",
         claim="E_{N(mu_k,s^2)} exp(t|W-mu_(i)|) = 2 exp(t(mu_k-mu_(i)) + s^2 t^2/2)",
-        holds=math.isclose(paper, true, rel_tol=1e-9),
-        details={"paper": paper, "quadrature": true, "valid_bound_2exp(t|d|+..)": final, "d": d},
+        claimed=2 * math.exp(t * d + sigma * sigma * t * t / 2),
+        reference=abs_mgf_quad(t, sigma, d),
+        keys=("paper", "quadrature"),
+        extra={"valid_bound_2exp(t|d|+..)": 2 * math.exp(t * abs(d) + sigma * sigma * t * t / 2), "d": d},
     )
 
 
@@ -167,19 +162,16 @@ def check_log_slip(N: int = 4, sigma: float = 0.05) -> Verdict:
     Taking logs of ``exp(t E) <= 3 N^2 exp(t^2 s^2 / 2)`` gives ``log(3N^2)/t``, not ``3N^2/t``.
     """
     t = _t_choice(N, sigma)
-    paper = 3 * N * N / t + t * sigma * sigma / 2
-    corrected = math.log(3 * N * N) / t + t * sigma * sigma / 2
-    target = math.sqrt(2 * sigma * sigma * math.log(3 * N * N))
-    return Verdict(
+    return equality(
         name="sup-bound-log-slip",
         location="App. B, proof of Lemma bound_elbo (bound on E sup|W-W*|)",
-        kind="identity",
         claim="3N^2/t + t sigma^2/2 = sqrt(2 sigma^2 log(3N^2))",
-        holds=math.isclose(paper, target, rel_tol=1e-12),
-        details={
-            "paper_lhs": paper,
-            "claimed_value": target,
-            "corrected_lhs": corrected,
+        claimed=3 * N * N / t + t * sigma * sigma / 2,
+        reference=math.sqrt(2 * sigma * sigma * math.log(3 * N * N)),
+        keys=("paper_lhs", "claimed_value"),
+        rel_tol=1e-12,
+        extra={
+            "corrected_lhs": math.log(3 * N * N) / t + t * sigma * sigma / 2,
             "final": math.sqrt(8 * sigma**2 * math.log(3 * N)),
         },
     )
@@ -231,14 +223,13 @@ def check_sup_bound_mc(N: int = 4, sigma: float = 0.05, gap: float = 1.0, *, phi
 def check_squared_mgf(t: float = 1.0, sigma: float = 0.5, d: float = 1.5) -> Verdict:
     """``E exp(t (d + s Z)^2) = (1 - 2 t s^2)^(-1/2) exp(d^2 t / (1 - 2 t s^2))`` (correct in the paper)."""
     c = 1 - 2 * t * sigma * sigma
-    closed, quad = math.exp(d * d * t / c) / math.sqrt(c), sq_mgf_quad(t, sigma, d)
-    return Verdict(
+    return equality(
         name="squared-mgf",
         location="App. B, proof of Lemma bound_elbo (eq. 29 terms)",
-        kind="identity",
         claim="E exp(t(W-W*)^2) = exp(d^2 t/(1-2ts^2)) / sqrt(1-2ts^2)",
-        holds=math.isclose(closed, quad, rel_tol=1e-9),
-        details={"closed_form": closed, "quadrature": quad},
+        claimed=math.exp(d * d * t / c) / math.sqrt(c),
+        reference=sq_mgf_quad(t, sigma, d),
+        keys=("closed_form", "quadrature"),
     )
 
 

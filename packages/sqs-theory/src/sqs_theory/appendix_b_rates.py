@@ -24,7 +24,7 @@ from .rates import (
     r_n,
     sigma_n_bracket,
 )
-from .verdict import Verdict
+from .verdict import Verdict, equality, ratio_at_most_one
 
 __all__ = [
     "bound_elbo_pre_algebra",
@@ -95,18 +95,14 @@ def check_sigma_n_algebra(
         )
 
     target = s / (2 * n)
-    return Verdict(
+    return equality(
         name="sigma_n-definition",
         location="App. B, definition of sigma_n^2 vs the last display of Lemma bound_elbo's proof",
-        kind="identity",
         claim="16 sigma_n^2 log(3N)(2BN)^{2L}{(p+1+1/(BN-1))^2+...} = s*/(2n)",
-        holds=math.isclose(lhs(False), target, rel_tol=1e-9),
-        details={
-            "lhs_paper_sigma": lhs(False),
-            "s/(2n)": target,
-            "lhs_squared_sigma": lhs(True),
-            "ratio": lhs(False) / target,
-        },
+        claimed=lhs(False),
+        reference=target,
+        keys=("lhs_paper_sigma", "s/(2n)"),
+        extra={"lhs_squared_sigma": lhs(True), "ratio": lhs(False) / target},
     )
 
 
@@ -138,26 +134,24 @@ def check_bound_elbo_algebra(
                 for B in (2.5, 4.0):
                     final = 2 * (2 * B * N) ** (2 * L) * sigma_n_bracket(p, B, N, True)
                     worst = max(worst, bound_elbo_pre_algebra(L, N, p, B) / final)
-    return Verdict(
+    return ratio_at_most_one(
         name="bound_elbo-algebra",
         location="App. B, 'with some algebra' chain in Lemma bound_elbo's proof",
-        kind="bound",
         claim="pre-algebra expression <= 16 sigma^2 log(3N) (2BN)^{2L} {(p+1+1/(BN-1))^2 + ...}",
-        holds=worst <= 1 + 1e-12,
-        details={"max_ratio_lhs_over_rhs": worst},
+        ratio=worst,
+        key="max_ratio_lhs_over_rhs",
+        tol=1e-12,
     )
 
 
 def check_r_n_lower(grid: Iterable[GridPoint] | None = None) -> Verdict:
     """``s*/(2n) <= r_n*`` (last step of the sigma_n display)."""
-    worst = max(g.s / (2 * g.n) / r_n(g.n, g.L, g.N, g.s, g.p) for g in (grid or default_grid()))
-    return Verdict(
+    return ratio_at_most_one(
         name="r_n-lower",
         location="App. B, end of the f_theta - f_theta* bound",
-        kind="bound",
         claim="s*/(2n) <= r_n*",
-        holds=worst <= 1,
-        details={"max_ratio": worst},
+        ratio=max(g.s / (2 * g.n) / r_n(g.n, g.L, g.N, g.s, g.p) for g in (grid or default_grid())),
+        key="max_ratio",
     )
 
 
@@ -201,13 +195,12 @@ def check_chernoff_tail(sigmas: Iterable[float] = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0
 
         tail = integrate.quad(dens, B + 1, B + 1 + 60 * s, epsabs=0, epsrel=1e-12, limit=200)[0]
         worst = max(worst, tail / (0.5 * math.exp(-1 / (2 * s * s))))
-    return Verdict(
+    return ratio_at_most_one(
         name="chernoff-tail",
         location="App. B, proof of Lemma bound",
-        kind="bound",
         claim="P(N(B, s^2) > B+1) <= exp(-1/(2 s^2))/2",
-        holds=worst <= 1,
-        details={"max_ratio_tail_over_bound": worst},
+        ratio=worst,
+        key="max_ratio_tail_over_bound",
     )
 
 
@@ -255,13 +248,11 @@ def check_condition_implies_lemma_bound(delta: float = 1.5, grid: Iterable[GridP
 def check_prior_variance_typo(sigma_n_sq: float = 1e-3, sigma0_sq: float = 1.0) -> Verdict:
     """Eq. (53)-(55): ``KL[GMM || N(0, sigma_n^2)]`` is written for ``KL[GMM || N(0, sigma_0^2)]``."""
     slab = GaussianMixture(weights=np.array([0.9, 0.1]), means=np.array([1.0, -1.0]), variances=np.full(2, sigma_n_sq))
-    written = kl_mixture(slab, GaussianMixture.single(0.0, sigma_n_sq))
-    meant = kl_mixture(slab, GaussianMixture.single(0.0, sigma0_sq))
-    return Verdict(
+    return equality(
         name="prior-variance-typo",
         location="App. B, KL bound in Lemma bound_elbo's proof, line after eq. (53)",
-        kind="identity",
         claim="sum KL[spike-GMM || spike-N(0, s0^2)] = ... gamma* KL[GMM || N(0, sigma_n^2)]",
-        holds=math.isclose(written, meant, rel_tol=1e-9),
-        details={"kl_to_N(0,sigma_n^2)": written, "kl_to_N(0,sigma_0^2)": meant},
+        claimed=kl_mixture(slab, GaussianMixture.single(0.0, sigma_n_sq)),
+        reference=kl_mixture(slab, GaussianMixture.single(0.0, sigma0_sq)),
+        keys=("kl_to_N(0,sigma_n^2)", "kl_to_N(0,sigma_0^2)"),
     )

@@ -1,321 +1,369 @@
 """Hellinger convergence study on synthetic sparse-quantized ReLU regression (issue 4, item 5).
 
-A teacher f0 in H(T, s, K) (bias-free ReLU MLP, ``s`` non-zero weights taking ``K`` levels) generates
-``Y = f0(X) + eps``, ``X ~ U[0,1]^p``, ``eps ~ N(0, sigma^2)``. A student of the same architecture is
-started at a dense perturbation of the teacher, fitted in full precision by Adam, then compressed with
-sqs-core (Gaussian NLL, AdamW, cubic pruning to the teacher's density). For Gaussian regression with equal
-known sigma the squared Hellinger distance is closed form:
-``d^2(P_theta, P_0) = 1 - E_x exp(-(f_theta(x) - f0(x))^2 / (8 sigma^2))``.
-The log-log slope of d^2 against n is compared with the theory's rate eps_n^2 ~ (s/n) * log terms.
+For each n on a geometric grid and each seed: data from the teacher f0 in H(T, s, K) (:mod:`synthetic`), a
+full-precision least-squares fit θ, then sqs-core's variational posterior q̂ (:mod:`student`), whose squared
+Hellinger risk is estimated under every distribution the paper uses for θ̃ (:mod:`risk`), with support and
+level recovery (:mod:`recovery`). The slope of log d² against log n is compared with the Theorem's rate
+ε_n*² = r_n* log^{2δ} n (n^{-1} up to logs) and with the parametric k/(8n).
+
+Variants (``prior``, ``init``): the study is (spike_slab, projection); (gaussian, projection) is the
+Gaussian-prior ablation of the appendix, and (spike_slab, default) runs sqs-core's defaults as shipped.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import math
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import sqs_core as sqs
 import torch
-from scipy import stats
-from scipy.optimize import linear_sum_assignment
-from torch import nn
 
+from .hellinger import bootstrap_slope_ci, fit_slope, hellinger_sq
 from .hspace import in_h
+from .plots import plot_convergence
+from .projection import canonicalize_
+from .rates import eps_n
+from .recovery import recovery
+from .risk import predict, risk_summary
+from .student import StudentSpec, fit_student
+from .synthetic import (
+    LEVELS,
+    fit_full_precision,
+    gaussian_nll,
+    layers,
+    make_teacher,
+    sample_data,
+    teacher_theta,
+)
 
 __all__ = [
+    "ESTIMATORS",
     "TIERS",
+    "TIER_VERSION",
     "Tier",
-    "fit_one",
-    "fit_slope",
-    "hellinger_sq",
-    "hellinger_sq_gaussian",
-    "make_teacher",
+    "fit_point",
+    "machine_info",
     "run_study",
-    "teacher_theta",
+    "theory_reference",
+    "write_study",
 ]
 
-THEORY_SLOPE = -1.0  # eps_n^2 ∝ r_n log^{2δ} n with r_n ~ s/n: slope -1 up to log factors
-LEVELS = (-1.5, -0.5, 0.5, 1.5)
+log = logging.getLogger(__name__)
+
+TIER_VERSION = 1
+THEORY_SLOPE = -1.0  # ε_n² ∝ r_n log^{2δ} n with r_n ~ (s/n)·log terms
+ESTIMATORS = (
+    "hellinger_sq",
+    "hellinger_sq_avg",
+    "hellinger_sq_sampled",
+    "hellinger_sq_bma",
+    "hellinger_sq_greedy",
+    "hellinger_sq_fp",
+)
+MAIN = ("spike_slab", "projection", "moment_matched")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Tier:
+    """One size of the study; ``ablation_ns`` / ``default_ns``: the n at which the ablations also run."""
+
     name: str
     ns: tuple[int, ...]
     seeds: tuple[int, ...]
-    fp_steps: int
-    sqs_steps: int
-    draws: int = 8  # M posterior draws for the sampled Hellinger
-    n_test: int = 4096
-    gaussian_ns: tuple[int, ...] = ()  # n values also fitted with the Gaussian prior
+    ablation_ns: tuple[int, ...] = ()
+    default_ns: tuple[int, ...] = ()
+    steps: int = 500
+    fp_restarts: int = 4
+    fp_max_iter: int = 500
+    projection_starts: int = 10
+    check_ns: tuple[int, ...] = ()  # n at which seed seeds[0] is refitted with check_factor × steps
+    check_factor: int = 3
+    draws: int = 16  # M posterior draws
+    n_test: int = 8192
     p: int = 4
     width: int = 6
     sigma: float = 0.1
     init_noise: float = 0.3
+    quant_lr: float = 2e-3
+    gate_lr: float = 6e-4
+    gate_logit: float = 20.0
+    delta: float = 1.5
+    teacher_seed: int = 1234
+    test_seed: int = 99
+    version: int = TIER_VERSION
+
+    def __post_init__(self) -> None:
+        for key in ("ns", "seeds", "ablation_ns", "default_ns", "check_ns"):
+            object.__setattr__(self, key, tuple(int(v) for v in getattr(self, key)))
+        if not self.ns or not self.seeds or min(self.ns) < 8:
+            raise ValueError(f"need at least one n >= 8 and one seed, got ns={self.ns}, seeds={self.seeds}")
+        for key in ("steps", "fp_restarts", "fp_max_iter", "projection_starts", "check_factor", "draws", "n_test"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
+        for key in ("sigma", "quant_lr", "gate_lr", "gate_logit", "delta"):
+            if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
+                raise ValueError(f"{key} must be a finite number > 0, got {getattr(self, key)!r}")
+        if self.version != TIER_VERSION:
+            raise ValueError(f"unsupported tier version {self.version!r} (this library: {TIER_VERSION})")
+
+    def to_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Tier:
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown Tier fields: {sorted(unknown)}")
+        return cls(**data)
 
 
 TIERS = {
-    "tiny": Tier("tiny", ns=(64, 256), seeds=(0,), fp_steps=20, sqs_steps=20, draws=2, n_test=512, gaussian_ns=(64,)),
-    "quick": Tier("quick", ns=(64, 128, 256, 512, 1024, 2048), seeds=(0, 1), fp_steps=300, sqs_steps=300,
-                  gaussian_ns=(512,)),
-    "full": Tier("full", ns=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384), seeds=(0, 1, 2, 3, 4),
-                 fp_steps=1500, sqs_steps=1500, draws=16, n_test=16384, gaussian_ns=(256, 1024, 4096)),
+    "tiny": Tier(name="tiny", ns=(64, 256), seeds=(0,), ablation_ns=(64,), default_ns=(64,), steps=40,
+                 fp_restarts=1, fp_max_iter=100, draws=2, n_test=512),
+    "quick": Tier(name="quick", ns=(64, 256, 1024, 4096), seeds=(0, 1), ablation_ns=(1024,),
+                  default_ns=(1024,), steps=400, fp_restarts=3, draws=8, n_test=4096),
+    "full": Tier(name="full", ns=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384), seeds=tuple(range(10)),
+                 ablation_ns=(256, 1024, 4096, 16384), default_ns=(256, 1024, 4096, 16384),
+                 check_ns=(256, 4096, 16384), steps=1000, draws=32, n_test=16384),
 }  # fmt: skip
 
 
-# ----------------------------------------------------------------------------- closed forms and fits
-def hellinger_sq_gaussian(f: np.ndarray, f0: np.ndarray, sigma: float) -> np.ndarray:
-    """Pointwise d^2(N(f, sigma^2), N(f0, sigma^2)) = 1 - exp(-(f - f0)^2 / (8 sigma^2))."""
-    diff = np.asarray(f, dtype=float) - np.asarray(f0, dtype=float)
-    return -np.expm1(-(diff**2) / (8.0 * sigma**2))
+def _variants(tier: Tier, n: int) -> list[StudentSpec]:
+    """The study's variant at every n; the prior × likelihood ablation and sqs-core's defaults where asked."""
+    keys = [MAIN]
+    if n in tier.ablation_ns:
+        keys += [("spike_slab", "projection", "plugin"), ("gaussian", "projection", "moment_matched"),
+                 ("gaussian", "projection", "plugin")]  # fmt: skip
+    if n in tier.default_ns:
+        keys.append(("spike_slab", "default", "plugin"))
+    return [
+        StudentSpec(prior=p, init=i, likelihood=lik, steps=tier.steps, quant_lr=tier.quant_lr, gate_lr=tier.gate_lr,
+                    gate_logit=tier.gate_logit, delta=tier.delta, B=max(abs(v) for v in LEVELS))
+        for p, i, lik in keys
+    ]  # fmt: skip
 
 
-def hellinger_sq(f: np.ndarray, f0: np.ndarray, sigma: float) -> float:
-    """d^2(P_f, P_0) for Y | x ~ N(f(x), sigma^2), averaged over the x at which f, f0 are evaluated."""
-    return float(np.mean(hellinger_sq_gaussian(f, f0, sigma)))
+@torch.no_grad()
+def _nll(model, x, y, sigma: float) -> float:
+    return float(gaussian_nll(model, x, y, sigma))
 
 
-def fit_slope(ns, values, level: float = 0.95) -> dict:
-    """OLS of log(values) on log(ns): slope, intercept, and a t-interval for the slope."""
-    x, y = np.log(np.asarray(ns, dtype=float)), np.log(np.asarray(values, dtype=float))
-    if x.size < 3 or np.ptp(x) == 0:
-        raise ValueError("need at least 3 points with at least two distinct n")
-    res = stats.linregress(x, y)
-    half = stats.t.ppf(0.5 + level / 2, x.size - 2) * res.stderr
+@torch.no_grad()
+def _gate_diagnostics(model, canonical, density: float) -> dict:
+    """Extreme gate logits s̃/τ' of kept / pruned weights at the end, and whether the kept set is still the
+    support the projection started from (the ELBO could have moved it)."""
+    posts = sqs.posteriors(model)
+    logits = torch.cat([(p.gate_logits / p.gate_temperature).reshape(-1) for p in posts.values()])
+    mask = torch.cat([p.mask.reshape(-1) for p in posts.values()])
+    start = torch.cat([layer.weight.reshape(-1).abs() for layer in layers(canonical)])
+    initial = torch.zeros_like(mask)
+    initial[torch.argsort(start, descending=True, stable=True)[: round(density * start.numel())]] = True
     return {
-        "slope": float(res.slope),
-        "slope_ci": [float(res.slope - half), float(res.slope + half)],
-        "intercept": float(res.intercept),
-        "stderr": float(res.stderr),
-        "r2": float(res.rvalue**2),
-        "num_points": int(x.size),
+        "gate_logit_kept_min": float(logits[mask].min()) if mask.any() else None,
+        "gate_logit_pruned_max": float(logits[~mask].max()) if (~mask).any() else None,
+        "support_kept_from_init": bool(torch.equal(mask, initial)),
     }
 
 
-# ----------------------------------------------------------------------------- teacher and data
-def make_teacher(p: int = 4, width: int = 6, seed: int = 0) -> nn.Sequential:
-    """Bias-free ReLU MLP p -> width -> 1; each hidden unit has 2 inputs (>= one positive) and 1 output."""
-    rng = np.random.default_rng(seed)
-    w1, w2 = np.zeros((width, p)), np.zeros((1, width))
-    for j in range(width):
-        cols = rng.choice(p, size=2, replace=False)
-        w1[j, cols] = rng.choice(LEVELS, size=2)
-        w1[j, cols[0]] = abs(w1[j, cols[0]])  # the unit is active on part of [0,1]^p
-        w2[0, j] = rng.choice(LEVELS)
-    model = nn.Sequential(nn.Linear(p, width, bias=False), nn.ReLU(), nn.Linear(width, 1, bias=False))
-    with torch.no_grad():
-        model[0].weight.copy_(torch.tensor(w1, dtype=torch.float32))
-        model[2].weight.copy_(torch.tensor(w2, dtype=torch.float32))
-    return model.requires_grad_(False)
-
-
-def teacher_theta(teacher: nn.Module) -> np.ndarray:
-    return np.concatenate([teacher[0].weight.numpy().ravel(), teacher[2].weight.numpy().ravel()])
-
-
-def _data(teacher: nn.Module, n: int, sigma: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.rand(n, teacher[0].in_features, generator=gen)
-    with torch.no_grad():
-        y = teacher(x) + sigma * torch.randn(n, 1, generator=gen)
-    return x, y
-
-
-# ----------------------------------------------------------------------------- student fit
-def _student(teacher: nn.Module, noise: float, gen: torch.Generator) -> nn.Sequential:
-    model = nn.Sequential(nn.Linear(teacher[0].in_features, teacher[0].out_features, bias=False), nn.ReLU(),
-                          nn.Linear(teacher[0].out_features, 1, bias=False))  # fmt: skip
-    with torch.no_grad():
-        for i in (0, 2):
-            w = teacher[i].weight
-            model[i].weight.copy_(w + noise * torch.randn(w.shape, generator=gen))
-    return model
-
-
-def _nll(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float) -> torch.Tensor:
-    return ((y - model(x)) ** 2).mean() / (2.0 * sigma**2)
-
-
-def _fit_fp(model: nn.Module, x, y, sigma: float, steps: int) -> None:
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(steps):
-        opt.zero_grad()
-        _nll(model, x, y, sigma).backward()
-        opt.step()
-
-
-def _compress(model: nn.Module, x, y, tier: Tier, prior: str, density: float) -> None:
-    spec = (
-        sqs.SpikeSlabPrior(keep_prob=density, slab_std=1.0)
-        if prior == "spike_slab"
-        else sqs.GaussianPrior(slab_std=1.0)
-    )
-    sqs.prepare_(model, sqs.SQSConfig(num_components=len(LEVELS), windows="none", prior=spec, train_weight=True))
-    objective = sqs.Objective(model, num_data=x.shape[0])
-    opt = torch.optim.AdamW(sqs.param_groups(model, quant_lr=1e-2, gate_lr=0.012, weight_lr=1e-2), weight_decay=0.0)
-    pruning = sqs.PruningSchedule(model, target_nonzero=density, total_steps=tier.sqs_steps)
-    model.train()
-    for step in range(tier.sqs_steps):
-        pruning.step(step)
-        opt.zero_grad()
-        objective(_nll(model, x, y, tier.sigma)).backward()
-        opt.step()
-    model.eval()
-
-
-def _predict(model: nn.Module, x: torch.Tensor) -> np.ndarray:
-    with torch.no_grad():
-        return model(x).numpy().ravel()
-
-
-def _fixed_theta(model: nn.Module) -> tuple[np.ndarray, np.ndarray]:
+def _fixed_weights(model) -> tuple[np.ndarray, np.ndarray]:
     layers = sqs.sqs_layers(model)
     return layers["0"].fixed_weight.numpy().copy(), layers["2"].fixed_weight.numpy().copy()
 
 
-# ----------------------------------------------------------------------------- recovery
-def _match_units(t1, t2, s1, s2) -> np.ndarray:
-    """Permutation of student hidden units best matching the teacher's (cosine of [in, out] vectors)."""
-    t = np.concatenate([t1, t2.T], axis=1)
-    s = np.concatenate([s1, s2.T], axis=1)
-    tn = t / np.maximum(np.linalg.norm(t, axis=1, keepdims=True), 1e-12)
-    sn = s / np.maximum(np.linalg.norm(s, axis=1, keepdims=True), 1e-12)
-    _, perm = linear_sum_assignment(-(tn @ sn.T))
-    return perm
-
-
-def recovery(teacher: nn.Module, w1: np.ndarray, w2: np.ndarray) -> dict:
-    """Support (after matching hidden units) and level recovery of greedy weights ``w1``, ``w2``."""
-    t1, t2 = teacher[0].weight.numpy(), teacher[2].weight.numpy()
-    perm = _match_units(t1, t2, w1, w2)
-    s = np.concatenate([w1[perm].ravel(), w2[:, perm].ravel()])
-    t = np.concatenate([t1.ravel(), t2.ravel()])
-    kept, true = s != 0, t != 0
-    levels = np.unique(s[kept])
-    teacher_levels = np.unique(t[true])
-    err = [float(np.min(np.abs(teacher_levels - v))) for v in levels]
-    return {
-        "true_positive": int(np.sum(kept & true)),
-        "false_positive": int(np.sum(kept & ~true)),
-        "false_negative": int(np.sum(~kept & true)),
-        "sign_agreement": float(np.mean(np.sign(s[kept & true]) == np.sign(t[kept & true]))) if (kept & true).any()
-        else float("nan"),
-        "greedy_levels": [float(v) for v in levels],
-        "max_level_error": max(err) if err else float("nan"),
-    }  # fmt: skip
-
-
-# ----------------------------------------------------------------------------- one fit and the study
-def fit_one(tier: Tier, n: int, seed: int, prior: str = "spike_slab") -> dict:
-    """Fit one student at sample size n; Hellinger at θ^avg, greedy and over M posterior draws."""
-    teacher = make_teacher(tier.p, tier.width, seed=1234)
+def fit_point(tier: Tier, n: int, seed: int) -> list[dict]:
+    """Every variant of ``tier`` at (n, seed): one full-precision fit, then one SQS fit per variant."""
+    teacher = make_teacher(tier.p, tier.width, seed=tier.teacher_seed)
     theta0 = teacher_theta(teacher)
     density = float(np.count_nonzero(theta0)) / theta0.size
     gen = torch.Generator().manual_seed(10_000 * seed + n)
-    x, y = _data(teacher, n, tier.sigma, gen)
-    x_test = torch.rand(tier.n_test, tier.p, generator=torch.Generator().manual_seed(99))
-    f0 = _predict(teacher, x_test)
-    model = _student(teacher, tier.init_noise, gen)
-    _fit_fp(model, x, y, tier.sigma, tier.fp_steps)
-    h_fp = hellinger_sq(_predict(model, x_test), f0, tier.sigma)
-    _compress(model, x, y, tier, prior, density)
-    h_avg = hellinger_sq(_predict(model, x_test), f0, tier.sigma)
-    draws = []
-    for _ in range(tier.draws):
-        sqs.sample_(model, nonzero=density, generator=gen)
-        draws.append(hellinger_sq(_predict(model, x_test), f0, tier.sigma))
-    sqs.greedy_(model, nonzero=density)
-    h_greedy = hellinger_sq(_predict(model, x_test), f0, tier.sigma)
-    rec = recovery(teacher, *_fixed_theta(model))
-    sqs.variational_(model)
-    return {"n": n, "seed": seed, "prior": prior, "hellinger_sq": h_avg, "hellinger_sq_sampled": float(np.mean(draws)),
-            "hellinger_sq_sampled_std": float(np.std(draws)), "hellinger_sq_greedy": h_greedy,
-            "hellinger_sq_fp": h_fp, **rec}  # fmt: skip
+    x, y = sample_data(teacher, n, tier.sigma, gen)
+    x_test = torch.rand(tier.n_test, tier.p, generator=torch.Generator().manual_seed(tier.test_seed))
+    f0 = predict(teacher, x_test)
+    start = time.perf_counter()
+    fp = fit_full_precision(
+        teacher, x, y, sigma=tier.sigma, init_noise=tier.init_noise, restarts=tier.fp_restarts,
+        max_iter=tier.fp_max_iter, generator=gen,
+    )  # fmt: skip
+    h_fp = hellinger_sq(predict(fp.model, x_test), f0, tier.sigma)
+    canonical = copy.deepcopy(fp.model)
+    canon = canonicalize_(canonical, x, y, sigma=tier.sigma, s=int(np.count_nonzero(theta0)), k=len(LEVELS),
+                          starts=tier.projection_starts, seed=seed)  # fmt: skip
+    fp_time = time.perf_counter() - start
+    points = []
+    for spec in _variants(tier, n):
+        start = time.perf_counter()
+        torch.manual_seed(10_000 * seed + n)  # the moment-matched forward draws from torch's global generator
+        base = canonical if spec.init == "projection" else fp.model
+        model = fit_student(base, x, y, sigma=tier.sigma, density=density, spec=spec)
+        risk = risk_summary(model, x_test, f0, sigma=tier.sigma, density=density, draws=tier.draws, generator=gen)
+        gates = _gate_diagnostics(model, canonical, density)
+        sqs.greedy_(model, nonzero=density)
+        greedy_w1, greedy_w2 = _fixed_weights(model)
+        t_first, t_last = layers(teacher)
+        rec = recovery(t_first.weight.numpy(), t_last.weight.numpy(), greedy_w1, greedy_w2, levels=LEVELS)
+        points.append({
+            "n": n, "seed": seed, "variant": spec.key, "prior": spec.prior, "init": spec.init,
+            "likelihood": spec.likelihood, **risk, "hellinger_sq_fp": h_fp,
+            "fp_nll": fp.nll, "fp_restart_nlls": list(fp.restart_nlls), "projection_nll": canon.nll,
+            "greedy_train_nll": _nll(model, x, y, tier.sigma), **gates, **rec,
+            "greedy_W1": greedy_w1.tolist(), "greedy_W2": greedy_w2.tolist(),
+            "wall_s": time.perf_counter() - start + fp_time,
+        })  # fmt: skip
+        log.info("n=%d seed=%d %s: d2_q=%.3g d2_avg=%.3g", n, seed, spec.key, risk["hellinger_sq"],
+                 risk["hellinger_sq_avg"])  # fmt: skip
+    return points
 
 
 def _slopes(points: list[dict]) -> dict:
-    ss = [q for q in points if q["prior"] == "spike_slab"]
-    ns = [q["n"] for q in ss]
-    out = {}
-    for key in ("hellinger_sq", "hellinger_sq_sampled", "hellinger_sq_greedy", "hellinger_sq_fp"):
-        vals = [max(q[key], 1e-12) for q in ss]
-        out[key] = fit_slope(ns, vals) if len(set(ns)) >= 2 and len(ns) >= 3 else None
+    out: dict = {}
+    for key in sorted({q["variant"] for q in points}):
+        sel = [q for q in points if q["variant"] == key]
+        ns = [q["n"] for q in sel]
+        enough = len(ns) >= 3 and len(set(ns)) >= 2
+        fits = {k: fit_slope(ns, [max(q[k], 1e-300) for q in sel]) if enough else None for k in ESTIMATORS}
+        out[key] = fits
+    return out
+
+
+def theory_reference(tier: Tier, s: int, k_sqs: int) -> dict:
+    """ε_n*² of the Theorem on the tier's grid (L = 1, N = width, δ) and its log-log slope there."""
+    T = tier.width * (tier.p + 1)
+    eps_sq = [eps_n(n, 1, tier.width, s, tier.p, tier.delta) ** 2 for n in tier.ns]
+    bound = fit_slope(tier.ns, eps_sq) if len(tier.ns) >= 3 else None
+    return {
+        "theory_slope": THEORY_SLOPE,
+        "rate": "eps_n*^2 = r_n* log^{2 delta} n, r_n* = ((L+1) s/n) log N + (s/n) log(p sqrt(n/s))",
+        "delta": tier.delta,
+        "eps_n_sq": eps_sq,
+        "eps_n_sq_slope_on_grid": bound["slope"] if bound else None,
+        "parametric": {"formula": "k/(8n)", "k_sqs": k_sqs, "k_fp": T - tier.width},
+    }
+
+
+def _optimizer_check(tier: Tier, points: list[dict]) -> list[dict]:
+    """Refit the study variant with check_factor × steps: is the reported risk the optimiser's limit?"""
+    longer = replace(tier, steps=tier.steps * tier.check_factor, ablation_ns=(), default_ns=())
+    out = []
+    for n in tier.check_ns:
+        seed = tier.seeds[0]
+        base = next(q for q in points if q["n"] == n and q["seed"] == seed and q["variant"] == "/".join(MAIN))
+        again = fit_point(longer, n, seed)[0]
+        out.append({"n": n, "seed": seed, "steps": longer.steps, "hellinger_sq": again["hellinger_sq"],
+                    "hellinger_sq_at_tier_steps": base["hellinger_sq"],
+                    "relative_change": again["hellinger_sq"] / base["hellinger_sq"] - 1.0})  # fmt: skip
+    return out
+
+
+def _summary(points: list[dict]) -> list[dict]:
+    """Per n: quartiles of E_q̂ d², n × median, recovery rates, and the slope between consecutive medians."""
+    out: list[dict] = []
+    for n in sorted({q["n"] for q in points}):
+        at = [q for q in points if q["n"] == n]
+        h = np.array([q["hellinger_sq"] for q in at])
+        out.append({
+            "n": n, "fits": len(at), "median": float(np.median(h)), "q25": float(np.quantile(h, 0.25)),
+            "q75": float(np.quantile(h, 0.75)), "n_times_median": float(n * np.median(h)),
+            "median_fp": float(np.median([q["hellinger_sq_fp"] for q in at])),
+            "support_exact": float(np.mean([q["support_exact"] for q in at])),
+            "false_positive_mean": float(np.mean([q["false_positive"] for q in at])),
+            "level_accuracy_mean": float(np.nanmean([q["level_accuracy"] for q in at])),
+        })  # fmt: skip
+        if len(out) > 1:
+            prev = out[-2]
+            out[-1]["local_slope"] = float(np.log(out[-1]["median"] / prev["median"]) / np.log(n / prev["n"]))
     return out
 
 
 def run_study(tier: Tier | str) -> dict:
-    """Every fit of ``tier``; the slope of d^2 at θ^avg vs n (spike-and-slab prior) with its 95% CI."""
+    """Every fit of ``tier``; the slope of E_q̂ d² against n for the study variant, with 95% CIs."""
     tier = TIERS[tier] if isinstance(tier, str) else tier
-    points = [fit_one(tier, n, seed) for n in tier.ns for seed in tier.seeds]
-    points += [fit_one(tier, n, seed, prior="gaussian") for n in tier.gaussian_ns for seed in tier.seeds]
-    teacher = make_teacher(tier.p, tier.width, seed=1234)
-    theta0 = teacher_theta(teacher)
+    start = time.perf_counter()
+    points = [q for n in tier.ns for seed in tier.seeds for q in fit_point(tier, n, seed)]
+    theta0 = teacher_theta(make_teacher(tier.p, tier.width, seed=tier.teacher_seed))
     s = int(np.count_nonzero(theta0))
+    w1, w2 = theta0[: tier.width * tier.p], theta0[tier.width * tier.p :]
+    k_sqs = len(np.unique(w1[w1 != 0])) + len(np.unique(w2[w2 != 0])) - 1  # minus the rescaling direction
     slopes = _slopes(points)
-    main = slopes["hellinger_sq"]
+    main = slopes["/".join(MAIN)]["hellinger_sq"]
+    main_pts = [q for q in points if q["variant"] == "/".join(MAIN)]
+    boot = bootstrap_slope_ci([q["n"] for q in main_pts], [q["hellinger_sq"] for q in main_pts]) if main else None
     return {
         "tier": tier.name,
-        "config": asdict(tier),
+        "config": tier.to_dict(),
+        "seeds": list(tier.seeds),
         "teacher": {
-            "T": int(theta0.size),
-            "s": s,
-            "K": len(LEVELS),
-            "levels": list(LEVELS),
+            "T": int(theta0.size), "s": s, "K": len(LEVELS), "levels": list(LEVELS),
             "in_h": in_h(theta0, s=s, K=len(LEVELS), B=max(abs(v) for v in LEVELS)),
+            "W1": w1.reshape(tier.width, tier.p).tolist(), "W2": w2.tolist(),
         },
         "points": points,
         "slope": main["slope"] if main else None,
         "slope_ci": main["slope_ci"] if main else None,
+        "slope_ci_bootstrap": boot,
+        "main_variant": "/".join(MAIN),
         "slopes": slopes,
-        "theory_slope": THEORY_SLOPE,
-        "theory_rate": "eps_n^2 ∝ r_n log^{2δ} n, r_n ~ (s/n)·log terms: slope -1 up to logs",
-    }
+        "summary": _summary(main_pts),
+        "theory": theory_reference(tier, s, k_sqs),
+        "optimizer_check": _optimizer_check(tier, points),
+        "wall_time_s": time.perf_counter() - start,
+    }  # fmt: skip
 
 
-def plot(result: dict, path: Path) -> Path:
-    import matplotlib
+def machine_info() -> dict:
+    """Where and with what the study ran (recorded next to its results)."""
+    import os
+    import platform
+    import subprocess
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    ss = [q for q in result["points"] if q["prior"] == "spike_slab"]
-    gs = [q for q in result["points"] if q["prior"] == "gaussian"]
-    ax.loglog([q["n"] for q in ss], [q["hellinger_sq"] for q in ss], "o", label=r"$\theta^{avg}$ (spike-slab)")
-    ax.loglog([q["n"] for q in ss], [q["hellinger_sq_sampled"] for q in ss], "x", label="sampled (mean of M)")
-    if gs:
-        ax.loglog([q["n"] for q in gs], [q["hellinger_sq"] for q in gs], "s", label=r"$\theta^{avg}$ (Gaussian)")
-    fit = result["slopes"]["hellinger_sq"]
-    if fit:
-        grid = np.geomspace(min(q["n"] for q in ss), max(q["n"] for q in ss), 50)
-        lo, hi = fit["slope_ci"]
-        label = f"fit: slope {fit['slope']:.2f} [{lo:.2f}, {hi:.2f}]"
-        ax.loglog(grid, np.exp(fit["intercept"]) * grid ** fit["slope"], "-", label=label)
-    ax.set(xlabel="n", ylabel=r"$d_H^2(P_\theta, P_0)$", title=f"Hellinger convergence ({result['tier']} tier)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10)
+        git = {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        git = None
+    return {
+        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(), "numpy": np.__version__, "sqs_core": sqs.__version__,
+        "sqs_core_path": str(Path(sqs.__file__).parent), "git": git,
+    }  # fmt: skip
 
 
-def write_study(tier: Tier | str, out_dir: Path) -> tuple[Path, Path]:
-    """Run ``tier``; write ``convergence.json`` and ``convergence.png`` under ``out_dir``."""
-    torch.manual_seed(0)
-    torch.set_num_threads(1)  # tiny models: threading overhead dominates
-    result = run_study(tier)
+def write_study(tier: Tier | str, out_dir: Path, *, threads: int = 1) -> tuple[Path, Path]:
+    """Run ``tier`` with ``threads`` torch threads; write ``convergence.json`` and ``convergence.png``."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)  # tiny models: threads only add overhead (and the machine is shared)
+    try:
+        started = datetime.now(UTC).isoformat(timespec="seconds")
+        result = {**run_study(tier), "started_utc": started, "machine": machine_info()}
+    finally:
+        torch.set_num_threads(previous)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "convergence.json"
-    json_path.write_text(json.dumps(result, indent=2, default=_json_default) + "\n")
-    return json_path, plot(result, out_dir / "convergence.png")
+    json_path.write_text(json.dumps(_finite(result), indent=1, default=_json_default, allow_nan=False) + "\n")
+    return json_path, plot_convergence(json.loads(json_path.read_text()), out_dir / "convergence.png")
+
+
+def _finite(obj):
+    """NaN (an undefined statistic, e.g. level accuracy with no true positive) becomes JSON null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _json_default(obj):
-    if isinstance(obj, (np.floating, np.integer)):
+    if isinstance(obj, (np.floating, np.integer, np.bool_)):
         return obj.item()
-    if isinstance(obj, float) and math.isnan(obj):
-        return None
     raise TypeError(f"not JSON serialisable: {type(obj)}")

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["KINDS", "Kind", "Verdict", "format_table"]
+__all__ = [
+    "KINDS",
+    "Kind",
+    "Verdict",
+    "equality",
+    "format_markdown",
+    "format_table",
+    "ratio_at_most_one",
+    "upper_bound",
+]
 
 Kind = Literal["bound", "identity", "approximation-neither", "condition"]
 KINDS: tuple[str, ...] = ("bound", "identity", "approximation-neither", "condition")
@@ -45,6 +55,58 @@ class Verdict:
         }
 
 
+def upper_bound(
+    *,
+    name: str,
+    location: str,
+    claim: str,
+    value: float,
+    bound: float,
+    value_key: str,
+    bound_key: str = "bound",
+    tol: float = 0.0,
+) -> Verdict:
+    """A claimed upper bound ``value <= bound`` (both computed): holds iff ``value <= bound + tol``."""
+    return Verdict(
+        name=name,
+        location=location,
+        kind="bound",
+        claim=claim,
+        holds=value <= bound + tol,
+        details={value_key: value, bound_key: bound, "slack": bound - value},
+    )
+
+
+def ratio_at_most_one(
+    *, name: str, location: str, claim: str, ratio: float, key: str, kind: Kind = "bound", tol: float = 0.0
+) -> Verdict:
+    """A bound checked as its worst ratio left side / right side over a grid: holds iff ``ratio <= 1 + tol``."""
+    return Verdict(name=name, location=location, kind=kind, claim=claim, holds=ratio <= 1 + tol, details={key: ratio})
+
+
+def equality(
+    *,
+    name: str,
+    location: str,
+    claim: str,
+    claimed: float,
+    reference: float,
+    keys: tuple[str, str],
+    rel_tol: float = 1e-9,
+    extra: Mapping[str, Any] | None = None,
+) -> Verdict:
+    """A claimed identity ``claimed = reference`` (the reference computed independently, e.g. by quadrature):
+    holds iff they agree to ``rel_tol``; details ``keys[0]: claimed``, ``keys[1]: reference``, then ``extra``."""
+    return Verdict(
+        name=name,
+        location=location,
+        kind="identity",
+        claim=claim,
+        holds=math.isclose(claimed, reference, rel_tol=rel_tol),
+        details={keys[0]: claimed, keys[1]: reference, **(extra or {})},
+    )
+
+
 def _short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -63,4 +125,18 @@ def format_table(verdicts: Sequence[Verdict], *, detail_keys: int = 3) -> str:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
         if i == 0:
             lines.append("-" * (sum(widths) + 8 + len(r[4])))
+    return "\n".join(lines)
+
+
+def format_markdown(verdicts: Sequence[Verdict], *, detail_keys: int = 3) -> str:
+    """The table of :func:`format_table` as GitHub markdown (``|`` in text escaped)."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| check | kind | claim holds | location | details |", "| --- | --- | --- | --- | --- |"]
+    for v in verdicts:
+        det = ", ".join(f"{k}={_short(x)}" for k, x in list(v.details.items())[:detail_keys])
+        row = (v.name, v.kind, "yes" if v.holds else "**NO**", v.location, det)
+        lines.append("| " + " | ".join(cell(c) for c in row) + " |")
     return "\n".join(lines)
