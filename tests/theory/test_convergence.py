@@ -136,6 +136,21 @@ def test_tiny_tier_writes_json_and_png(tmp_path, capsys):
     assert "slope None" in capsys.readouterr().out
 
 
+def test_quick_tier_converges(tmp_path):
+    """The quick tier (the one `nox -s theory` runs, ~30 s on one thread): the squared Hellinger distance
+    falls with n, its fitted log-log slope has a confidence interval below zero, and the support is
+    recovered at the largest n."""
+    assert main(["convergence", "--tier", "quick", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "convergence.json").read_text())
+    _check_points(result)
+    assert result["slope_ci"] is not None and result["slope_ci"][1] < 0, result["slope_ci"]
+    main_points = [q for q in result["points"] if q["variant"] == result["main_variant"]]
+    largest = max(q["n"] for q in main_points)
+    smallest = min(q["n"] for q in main_points)
+    med = {n: sorted(q["hellinger_sq"] for q in main_points if q["n"] == n) for n in (smallest, largest)}
+    assert med[largest][len(med[largest]) // 2] < med[smallest][len(med[smallest]) // 2] / 10
+
+
 @pytest.fixture(scope="module")
 def committed() -> dict:
     path = RESULTS / "convergence.json"
