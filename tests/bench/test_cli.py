@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import sqs_core as sqs
 from sqs_bench.__main__ import main
+from sqs_bench.data import load_splits
+from sqs_bench.models import build_model
+from sqs_bench.train import predict
 
 METRICS = {
     "model",
@@ -83,4 +87,10 @@ def test_smoke_sqs_runs_through_the_cli(fake_data_dir, tmp_path):
     assert [e["name"] for e in result["evaluations"]] == ["greedy", "bayes_M4"]
     assert result["metrics"]["inference"] == "bayes_M4" and result["metrics"]["nonzero"] == 0.5
     assert result["metrics"]["compression_rate_file"] > 1 and result["metrics"]["compression_rate_paper"] > 1
-    assert (out / "artifacts" / "table1_resnet20__resnet20__sqs.sqs").is_file()
+    artifact = out / "artifacts" / "table1_resnet20__resnet20__sqs.sqs"
+    assert artifact.is_file()
+    # the file alone reproduces the greedy model: same predictions on the same test images
+    skeleton = sqs.load(artifact, build_model("resnet20"))
+    test_x = load_splits(fake_data_dir, val_fraction=0.1, seed=0).test_x
+    greedy = result["predictions"]["greedy"]
+    assert predict(skeleton, test_x[: len(greedy)]).tolist() == greedy
