@@ -174,7 +174,10 @@ def _gate_diagnostics(model, canonical, density: float) -> dict:
 
 def _fixed_weights(model) -> tuple[np.ndarray, np.ndarray]:
     layers = sqs.sqs_layers(model)
-    return layers["0"].fixed_weight.numpy().copy(), layers["2"].fixed_weight.numpy().copy()
+    weights = [layers[name].fixed_weight for name in ("0", "2")]
+    if weights[0] is None or weights[1] is None:
+        raise RuntimeError("internal: the student's layers hold no fixed weight (greedy_/sample_ not applied)")
+    return weights[0].numpy().copy(), weights[1].numpy().copy()
 
 
 def fit_point(tier: Tier, n: int, seed: int) -> list[dict]:
