@@ -36,7 +36,7 @@ def test_cifar10_suite_holds_table1_and_the_labelled_ablations():
     assert len(variants) == 6 and all(c["method"] == "sqs" for c in variants)
     prior = [c for c in configs if c["recipe"] == "ablation_prior"]
     assert sorted((c["nonzero"], c["sqs"]["prior"]["kind"]) for c in prior) == sorted(
-        (nz, kind) for nz in (0.5, 0.2) for kind in ("spike_slab", "gaussian")
+        (nz, kind) for nz in (0.5, 0.4, 0.3, 0.2) for kind in ("spike_slab", "gaussian")
     )
     greedy = [c for c in configs if c["recipe"] == "ablation_greedy_vs_bayes"]
     assert sorted((c["model"], 2 ** c["bits"]) for c in greedy) == sorted(("resnet20", k) for k in (2, 4, 8, 16))
