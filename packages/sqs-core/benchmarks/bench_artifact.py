@@ -25,11 +25,11 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import sqs_core as sqs
 import torch
+from _timing import best_seconds  # this folder, on sys.path when run as a script
 from sqs_core._artifact_layout import _Decoded, decode_weight, encode
 from sqs_core.artifact import read_artifact
 from sqs_core.packing import decode_mask, unpack_gather
@@ -37,15 +37,6 @@ from torch import nn
 
 TARGET_OVER_FORMULA_PLUS_MASK = 1.05
 TARGET_WEIGHTS_PER_S = 2e8
-
-
-def _best(fn: Callable[[], object], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def linear_case(size: int) -> tuple[nn.Module, nn.Module, float]:
@@ -86,7 +77,7 @@ def measure(name: str, model: nn.Module, skeleton: nn.Module, nonzero: float, re
     start = time.perf_counter()
     dists = sqs.discrete_posteriors(model, nonzero=nonzero)
     row["discrete_posteriors_s"] = time.perf_counter() - start  # part of every save: the posterior's work
-    row["encode_s"] = _best(lambda: [encode(d, alternatives=True) for d in dists.values()], repeats)
+    row["encode_s"] = best_seconds(lambda: [encode(d, alternatives=True) for d in dists.values()], repeats)
     with tempfile.TemporaryDirectory(prefix="sqs-bench-") as folder:
         for alternatives in (False, True):
             path = Path(folder) / f"{name}-{alternatives}.sqs"
@@ -97,7 +88,7 @@ def measure(name: str, model: nn.Module, skeleton: nn.Module, nonzero: float, re
             if os.path.getsize(path) != report.file_bytes:
                 raise RuntimeError("the report's file size disagrees with the file")
             target = copy.deepcopy(skeleton)
-            load_s = _best(lambda p=path, t=target: sqs.load(p, t), repeats)
+            load_s = best_seconds(lambda p=path, t=target: sqs.load(p, t), repeats)
             row["with_alternatives" if alternatives else "greedy_only"] = _sizes(report) | {
                 "save_s": save_s,
                 "load_s": load_s,
@@ -137,10 +128,10 @@ def throughput(path: Path, repeats: int) -> dict:
     blob = art.blobs[name]
     dec = _Decoded(name, rec, blob)
     table = dec.codebook.reshape(-1)[dec.entries]
-    gather_s = _best(lambda: unpack_gather(dec.parts["codes"], rec["code_bits"], rec["kept"], table), repeats)
-    mask_s = _best(lambda: decode_mask(rec["mask"], dec.parts["mask"], dec.numel), repeats)
-    decode_s = _best(lambda: decode_weight(name, rec, blob), repeats)
-    read_s = _best(lambda: read_artifact(path), repeats)
+    gather_s = best_seconds(lambda: unpack_gather(dec.parts["codes"], rec["code_bits"], rec["kept"], table), repeats)
+    mask_s = best_seconds(lambda: decode_mask(rec["mask"], dec.parts["mask"], dec.numel), repeats)
+    decode_s = best_seconds(lambda: decode_weight(name, rec, blob), repeats)
+    read_s = best_seconds(lambda: read_artifact(path), repeats)
     return {
         "throughput_tensor": name,
         "code_bits": rec["code_bits"],

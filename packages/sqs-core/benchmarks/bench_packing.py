@@ -11,21 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from collections.abc import Callable
 
 import torch
+from _timing import best_seconds  # this folder, on sys.path when run as a script
 from sqs_core.packing import pack_bits, unpack_bits, unpack_gather
-
-
-def _best_seconds(fn: Callable[[], torch.Tensor], repeats: int) -> float:
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def run(count: int, repeats: int) -> list[dict[str, object]]:
@@ -47,7 +36,7 @@ def run(count: int, repeats: int) -> list[dict[str, object]]:
             for path, fn in paths.items():
                 if not torch.equal(fn(), expected):
                     raise RuntimeError(f"{path} decoded wrong values for bits={bits}")
-                seconds = _best_seconds(fn, repeats)
+                seconds = best_seconds(fn, repeats, warmup=True)
                 rows.append({"bits": bits, "levels": n_levels, "path": path, "weights_per_s": count / seconds})
     return rows
 
