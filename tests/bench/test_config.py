@@ -35,11 +35,19 @@ def test_cifar10_suite_holds_table1_and_the_labelled_ablations():
     variants = [c for c in configs if c["recipe"] == "sqs_variants_resnet20"]
     assert len(variants) == 6 and all(c["method"] == "sqs" for c in variants)
     prior = [c for c in configs if c["recipe"] == "ablation_prior"]
-    assert sorted((c["nonzero"], c["sqs"]["prior"]["kind"]) for c in prior) == sorted(
-        (nz, kind) for nz in (0.5, 0.4, 0.3, 0.2) for kind in ("spike_slab", "gaussian")
+    assert sorted((c["model"], c["nonzero"], c["sqs"]["prior"]["kind"]) for c in prior) == sorted(
+        (model, nz, kind)
+        for model in ("resnet56", "resnet20")
+        for nz in (0.5, 0.4, 0.3, 0.2)
+        for kind in ("spike_slab", "gaussian")
     )
     greedy = [c for c in configs if c["recipe"] == "ablation_greedy_vs_bayes"]
-    assert sorted((c["model"], 2 ** c["bits"]) for c in greedy) == sorted(("resnet20", k) for k in (2, 4, 8, 16))
+    assert sorted((c["model"], 2 ** c["bits"]) for c in greedy) == sorted(
+        (model, k) for model in ("resnet20", "resnet56") for k in (2, 4, 8, 16)
+    )
+    # a grid over models keeps the labels (the model is in the run id) and the run ids stay unique
+    assert {c["label"] for c in greedy} == {f"sqs_bits={b}" for b in (1, 2, 3, 4)}
+    assert len({c["run_id"] for c in configs}) == len(configs)
     assert all(c["nonzero"] == 1.0 for c in greedy)
     (samples,) = [c for c in configs if c["recipe"] == "ablation_bayes_samples"]
     assert samples["bits"] == 4 and samples["nonzero"] == 0.5
@@ -53,13 +61,14 @@ def test_tiers_override_the_budget_and_models():
     assert all(c["epochs"] == 1 and c["max_batches"] == 2 and c["test_images"] == 64 for c in smoke)
     paper = expand_recipe(load_recipe("ablation_prior"), "paper")
     assert {c["model"] for c in paper} == {"timm:resnet18"} and {c["dataset"] for c in paper} == {"cifar100"}
+    assert len(paper) == 8  # both substitutes map to the paper's one network, which runs once
     assert all(c["options"]["quant_lr"] == 5e-4 and c["options"]["gate_lr"] == 0.012 for c in paper)
     assert all(c["distill_weight"] == 0.0 for c in paper)  # the paper's recipe: no distillation
     table1 = expand_recipe(load_recipe("table1_resnet20"), "paper")
     assert {c["options"].get("gate_lr") for c in table1 if c["method"] == "sqs"} == {0.012}
     assert all("gate_lr" not in c.get("options", {}) for c in table1 if c["method"] != "sqs")
     greedy = expand_recipe(load_recipe("ablation_greedy_vs_bayes"), "paper")
-    assert {c["model"] for c in greedy} == {"timm:resnet18"} and {c["epochs"] for c in greedy} == {10}
+    assert {c["model"] for c in greedy} == {"timm:resnet18", "timm:resnet50"} and {c["epochs"] for c in greedy} == {10}
     assert all(c["requires_full_data"] for c in paper + greedy)
 
 

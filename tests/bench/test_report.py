@@ -82,7 +82,7 @@ def test_report_has_one_section_and_plot_per_recipe(results_dir):
 
 def test_rows_keep_every_inference_mode(results_dir):
     results = load_results(results_dir)
-    assert len(results) == 7 + 1 + 4 + 8  # table1_resnet20: two SQS runs, two undistilled baselines
+    assert len(results) == 7 + 1 + 8 + 16  # table1_resnet20: two SQS runs, two undistilled baselines; 2 models
     samples = next(r for r in results if r["recipe"] == "ablation_bayes_samples")
     text = build_report(results_dir).read_text()
     assert [e["name"] for e in samples["evaluations"]] == [

@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--recipe", action="append", help="only these recipes of the suite (repeatable)")
     run.add_argument("--method", action="append", choices=METHODS, help="only these methods (repeatable)")
     run.add_argument("--label", action="append", help="only the runs with these labels (repeatable)")
+    run.add_argument("--model", action="append", help="only the runs on these models (repeatable)")
     run.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     report = commands.add_parser("report", parents=[common], help="markdown tables and PNG plots from JSON results")
     report.add_argument("--results", required=True, type=Path)
@@ -65,6 +66,7 @@ def _run(args: argparse.Namespace) -> int:
             (args.recipe is None or config["recipe"] in args.recipe)
             and (args.method is None or config["method"] in args.method)
             and (args.label is None or config["label"] in args.label)
+            and (args.model is None or config["model"] in args.model)
         )
 
     if args.threads is not None:

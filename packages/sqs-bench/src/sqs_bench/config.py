@@ -92,7 +92,8 @@ def _grid_points(grid: dict[str, list]) -> list[dict[str, Any]]:
 
 def _label(run: dict[str, Any], point: dict[str, Any], method: str) -> str:
     parts = [run.get("label", method)]
-    parts += [f"{key.split('.')[-1]}={value}" for key, value in point.items()]
+    # the model is part of the run id already; a grid over models keeps the labels of a one-model recipe
+    parts += [f"{key.split('.')[-1]}={value}" for key, value in point.items() if key != "model"]
     return "_".join(str(p) for p in parts)
 
 
@@ -103,7 +104,7 @@ def expand_recipe(recipe: dict[str, Any], tier: str) -> list[dict[str, Any]]:
     tier_defaults = _read_toml(_recipe_dir() / "tiers.toml").get(tier, {})
     tier_recipe = recipe.get("tiers", {}).get(tier, {})
     meta = {k: recipe.get(k, "") for k in ("name", "title", "paper_table", "substitute")}
-    configs = []
+    configs: list[dict[str, Any]] = []
     for run in recipe.get("runs", []):
         run = dict(run)
         grid = run.pop("grid", {})
@@ -128,5 +129,7 @@ def expand_recipe(recipe: dict[str, Any], tier: str) -> list[dict[str, Any]]:
             config["meta"] = meta
             config["paper"] = recipe.get("paper", {})
             config["report"] = recipe.get("report", {})
-            configs.append(config)
+            # a tier that maps two substitutes onto one paper model (model_map) runs that model once
+            if all(c["run_id"] != config["run_id"] for c in configs):
+                configs.append(config)
     return configs
