@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .mixture import bernoulli_kl, component_log_density, log_responsibilities
+from .onehot import bin_table, certify_one_hot
 
 __all__ = ["PosteriorSpec", "gate_kl", "posterior_moments", "responsibility_blocks"]
 
@@ -63,28 +64,13 @@ def responsibility_blocks(theta, window_ids, means, log_stds, mixing_logits, kin
             yield a, b, sel, w, log_responsibilities(q, kind, temperature)
 
 
-def _moments(th, means_w, log_stds_w, log_mix_w, spec: PosteriorSpec, second: bool):
-    q = component_log_density(th, means_w, log_stds_w, log_mix_w)
-    log_phi = log_responsibilities(q, spec.kind, spec.temperature)
-    phi = log_phi.exp()
-    m = phi @ means_w
-    s = phi @ (means_w**2 + torch.exp(2 * log_stds_w)) if second else None
-    return m, s, log_phi
-
-
-def _put(target: torch.Tensor, a: int, b: int, sel, values: torch.Tensor) -> None:
-    if sel is None:
-        target[a:b] = values
-    else:
-        target[a:b].index_copy_(0, sel, values.to(target.dtype))
-
-
-def _take(source: torch.Tensor, a: int, b: int, sel) -> torch.Tensor:
-    return source[a:b] if sel is None else source[a:b][sel]
-
-
 class _PosteriorMoments(torch.autograd.Function):
-    """θ^avg_i = λ̃_i Σ_k φ_ik μ_k and (optionally) Var_q(θ̃_i); also k*_i = argmax_k φ_ik."""
+    """θ^avg_i = λ̃_i Σ_k φ_ik μ_k and (optionally) Var_q(θ̃_i); also k*_i = argmax_k φ_ik.
+
+    Weights certified one-hot (:mod:`sqs_core.onehot`) cost O(1) each: θ^avg = λ̃ μ_{k*}, and their
+    gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest take the full (n, K) evaluation,
+    recomputed in backward. Windows are handled by gathering each weight's row of (W, K) parameters.
+    """
 
     @staticmethod
     def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second):
@@ -92,70 +78,120 @@ class _PosteriorMoments(torch.autograd.Function):
         mean = torch.empty_like(theta)
         var = torch.empty_like(theta) if second else theta.new_zeros(0)
         kstar = torch.empty(theta.shape, dtype=torch.uint8, device=theta.device)
+        certified = torch.empty(theta.shape, dtype=torch.bool, device=theta.device)
         log_mix = F.log_softmax(mixing_logits, dim=-1)
-        num_windows, k = means.shape
-        for a, b in _chunk_ranges(theta.numel(), k):
-            for w, sel in _window_selections(window_ids[a:b], num_windows):
-                th = _take(theta, a, b, sel)
-                m, s, log_phi = _moments(th, means[w], log_stds[w], log_mix[w], spec, second)
-                lam = _take(keep, a, b, sel)
-                _put(mean, a, b, sel, lam * m)
-                _put(kstar, a, b, sel, log_phi.argmax(-1).to(torch.uint8))
-                if second:
-                    v = lam * s - (lam * m) ** 2 + (1 - lam) * spec.spike_variance
-                    _put(var, a, b, sel, v.clamp_min(0))
-        ctx.save_for_backward(theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids)
+        k = means.shape[1]
+        table = bin_table(theta, window_ids, means, log_stds, log_mix, spec.kind, spec.temperature)
+        for a, b in _chunk_ranges(theta.numel(), 1):
+            th, wid = theta[a:b], window_ids[a:b]
+            ks, m, cert = certify_one_hot(th, wid, table)
+            s = m * m + torch.exp(2 * log_stds.detach().reshape(-1)[wid.long() * k + ks.long()]) if second else None
+            for u in _uncertain_chunks(cert, k):
+                wid_u = wid[u].long()
+                m[u], s_u, log_phi = _full_moments(th[u], wid_u, means, log_stds, log_mix, spec, second)
+                ks[u] = log_phi.argmax(-1).to(torch.uint8)
+                if s is not None:
+                    s[u] = s_u
+            lam = keep[a:b]
+            mean[a:b] = lam * m
+            kstar[a:b] = ks
+            certified[a:b] = cert
+            if s is not None:
+                var[a:b] = (lam * s - (lam * m) ** 2 + (1 - lam) * spec.spike_variance).clamp_min(0)
+        ctx.save_for_backward(theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, kstar, certified)
         ctx.spec, ctx.second = spec, second
         ctx.mark_non_differentiable(kstar)
         return mean, var, kstar
 
     @staticmethod
     def backward(ctx, grad_mean, grad_var, _grad_kstar):
-        theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids = ctx.saved_tensors
+        theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, kstar, certified = ctx.saved_tensors
         spec, second = ctx.spec, ctx.second
-        need_theta = ctx.needs_input_grad[0]
         leaves = [p.detach().requires_grad_() for p in (means, log_stds, mixing_logits)]
-        param_grads = [torch.zeros_like(p) for p in leaves]
-        g_theta = torch.zeros_like(theta) if need_theta else None
-        g_gate = torch.zeros_like(gate_logits)
-        keep_raw = torch.sigmoid(gate_logits / spec.gate_temperature)
-        for a, b, sel, _w, th_leaf, m, s, lam_raw, lam_mask in _recompute(
-            theta, keep_raw, mask, window_ids, leaves, spec, second, need_theta
-        ):
-            lam = lam_raw * lam_mask
-            gm = _take(grad_mean, a, b, sel)
-            dm, dlam = gm * lam, gm * m.detach()
-            outputs, grads_out = [m], [dm]
-            if second:
-                gv = _take(grad_var, a, b, sel)
-                m_val, s_val = m.detach(), s.detach()
-                outputs[0:1], grads_out[0:1] = [m], [dm - 2 * gv * lam * lam * m_val]
-                outputs.append(s)
-                grads_out.append(gv * lam)
-                dlam = dlam + gv * (s_val - 2 * lam * m_val * m_val - spec.spike_variance)
-            inputs = leaves + ([th_leaf] if need_theta else [])
-            grads = torch.autograd.grad(outputs, inputs, grads_out, allow_unused=True)
-            for acc, g in zip(param_grads, grads[:3], strict=True):
-                if g is not None:
-                    acc += g
-            if g_theta is not None and grads[3] is not None:
-                _put(g_theta, a, b, sel, grads[3])
-            _put(g_gate, a, b, sel, dlam * lam_mask * lam_raw * (1 - lam_raw) / spec.gate_temperature)
-        return g_theta, g_gate, *param_grads, None, None, None, None
+        # float64 accumulators: millions of per-weight terms are summed into W·K entries
+        param_grads = [torch.zeros(p.numel(), dtype=torch.float64) for p in leaves]
+        g_theta = torch.zeros_like(theta) if ctx.needs_input_grad[0] else None
+        g_gate = torch.empty_like(gate_logits)
+        k = means.shape[1]
+        for a, b in _chunk_ranges(theta.numel(), 1):
+            wid = window_ids[a:b].long()
+            lam_raw = torch.sigmoid(gate_logits[a:b] / spec.gate_temperature)
+            lam_mask = mask[a:b].to(lam_raw.dtype)
+            lam, gm = lam_raw * lam_mask, grad_mean[a:b]
+            gv = grad_var[a:b] if second else None
+            flat, cert = wid * k + kstar[a:b].long(), certified[a:b]
+            m, s = _one_hot_moments(flat, means, log_stds, second)
+            _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds)
+            for u in _uncertain_chunks(cert, k):
+                m[u], s_u = _full_grads(param_grads, g_theta, a, u, wid[u], leaves, theta, spec, gm[u], gv, lam[u])
+                if s is not None:
+                    s[u] = s_u
+            dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
+            g_gate[a:b] = dlam * lam_mask * lam_raw * (1 - lam_raw) / spec.gate_temperature
+        grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
+        return g_theta, g_gate, *grads, None, None, None, None
 
 
-def _recompute(theta, keep_raw, mask, window_ids, leaves, spec, second, need_theta):
+def _uncertain_chunks(certified: torch.Tensor, num_components: int) -> Iterator[torch.Tensor]:
+    """Local indices of the weights that were not certified, CHUNK_ELEMENTS // K at a time."""
+    uncertain = (~certified).nonzero().squeeze(1)
+    yield from torch.split(uncertain, max(1, CHUNK_ELEMENTS // num_components))
+
+
+def _one_hot_moments(flat, means, log_stds, second):
+    """(μ_{k*}, μ_{k*}² + σ_{k*}² or None) at flat component indices: the moments of a one-hot φ."""
+    m = means.detach().reshape(-1)[flat]
+    s = m * m + torch.exp(2 * log_stds.detach().reshape(-1)[flat]) if second else None
+    return m, s
+
+
+def _full_moments(th, wid, means, log_stds, log_mix, spec, second):
+    """(m, s or None, log φ) of the full (n, K) evaluation, each weight with its window's components."""
+    mu, log_std = means[wid], log_stds[wid]
+    q = component_log_density(th, mu, log_std, log_mix[wid])  # (n, K): row i holds window wid_i's components
+    log_phi = log_responsibilities(q, spec.kind, spec.temperature)
+    phi = log_phi.exp()
+    m = (phi * mu).sum(-1)
+    s = (phi * (mu * mu + torch.exp(2 * log_std))).sum(-1) if second else None
+    return m, s, log_phi
+
+
+def _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds):
+    """Scatter the gradients of certified weights onto μ_{k*} (and log σ_{k*} when Var is used):
+    ∂θ^avg/∂μ_{k*} = λ̃; with Var = λ̃ (μ² + σ²) − (λ̃ μ)² also ∂Var/∂μ = 2 λ̃ μ (1 − λ̃), ∂Var/∂log σ = 2 λ̃ σ².
+    Uncertain weights contribute zero here (their gradients come from the full path)."""
+    g_means, g_log_stds, _ = param_grads
+    on = lam * cert
+    dm = gm * on
+    if gv is not None:
+        gv = gv * on
+        dm = dm + 2 * gv * m * (1 - lam)
+        g_log_stds.index_add_(0, flat, (2 * gv * torch.exp(2 * log_stds.detach().reshape(-1)[flat])).double())
+    g_means.index_add_(0, flat, dm.double())
+
+
+def _full_grads(param_grads, g_theta, a, u, wid, leaves, theta, spec, gm, gv, lam):
+    """Recompute the full (n, K) block of the uncertain weights ``u`` (local to the chunk starting at
+    ``a``) and accumulate its gradients; returns their (m, s) values."""
     means, log_stds, mixing_logits = leaves
-    num_windows, k = means.shape
-    for a, b in _chunk_ranges(theta.numel(), k):
-        for w, sel in _window_selections(window_ids[a:b], num_windows):
-            th_leaf = _take(theta, a, b, sel).detach().requires_grad_(need_theta)
-            with torch.enable_grad():
-                log_mix = F.log_softmax(mixing_logits[w], dim=-1)
-                m, s, _ = _moments(th_leaf, means[w], log_stds[w], log_mix, spec, second)
-            lam_raw = _take(keep_raw, a, b, sel)
-            lam_mask = _take(mask, a, b, sel).to(lam_raw.dtype)
-            yield a, b, sel, w, th_leaf, m, s, lam_raw, lam_mask
+    th_leaf = theta[a:][u].detach().requires_grad_(g_theta is not None)
+    with torch.enable_grad():
+        log_mix = F.log_softmax(mixing_logits, dim=-1)
+        m, s, _ = _full_moments(th_leaf, wid, means, log_stds, log_mix, spec, gv is not None)
+    outputs, grads_out = [m], [gm * lam]
+    if gv is not None:
+        gv = gv[u]
+        grads_out[0] = gm * lam - 2 * gv * lam * lam * m.detach()
+        outputs.append(s)
+        grads_out.append(gv * lam)
+    inputs = leaves + ([th_leaf] if g_theta is not None else [])
+    grads = torch.autograd.grad(outputs, inputs, grads_out, allow_unused=True)
+    for acc, g in zip(param_grads, grads[:3], strict=True):
+        if g is not None:
+            acc += g.reshape(-1)
+    if g_theta is not None and grads[3] is not None:
+        g_theta[a:].index_copy_(0, u, grads[3].to(g_theta.dtype))
+    return m.detach(), (s.detach() if s is not None else None)
 
 
 def posterior_moments(theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second):

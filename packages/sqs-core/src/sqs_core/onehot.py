@@ -1,0 +1,132 @@
+"""Certified one-hot responsibilities: K-independent work for the weights whose φ is one-hot.
+
+At the paper's τ = 5e-4 almost every row φ(θ_i) of eq. compute-phi-k is one-hot to far below float
+precision: θ^avg_i = λ̃_i μ_{k*_i}, and the only non-zero gradient of the mixture part is the one that
+reaches μ_{k*_i}. Evaluating all K components for such a weight (the T·K work) is wasted. Here each
+weight is *certified* one-hot with O(1) work, from a bound rather than a heuristic:
+
+1. The range of the tensor's weights is cut into B bins (:func:`bin_count`); each bin belongs to the
+   window whose weights it holds. For each bin b and component k of that window the largest log density
+   any θ in the bin can have is exact: Q_bk = log π_k − log σ_k − ½log 2π − ½ dist(μ_k, bin)²/σ_k².
+   Per bin keep the best component j_b and the next two values U_b ≥ U3_b (a (B, K) table per call:
+   B·K work, independent of T).
+2. For θ_i in bin b, q* = q_{j_b}(θ_i); every other component has q_j ≤ U_b.
+3. The bound on the gap between the stage-2 logit of j_b and that of any other component:
+   ``standard``: (q* − U_b)/τ;  ``paper``: (1 − r) / ((1 + r + (K−2) r₃) τ) with r = exp(e^{U_b} − e^{q*})
+   and r₃ the same from the third-largest Q_bk: upper bounds on the ratios of the rivals' e^{π N} to the
+   winner's (eq. compute-phi-k).
+4. A weight is certified when the gap is ≥ :data:`CERTIFY_MARGIN` + log K. The gap grows with q*, so
+   this is q* ≥ q_min(b), i.e. |θ_i − μ_{j_b}| ≤ radius_b: per weight, one bin lookup and one comparison.
+   j_b is then argmax_k φ_k and
+   every other φ_j is below e^{-40}, and so are their contributions to θ^avg and Var_q, and (times the
+   factors |∂q_j/∂·|/τ, far below e^{30} for any float32 weights) to every gradient.
+
+Weights that are not certified (ties between two components, weights far from every component under
+the paper's formula, large τ) take the full K-component path in :mod:`sqs_core.chunked`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["CERTIFY_MARGIN", "BinTable", "bin_count", "bin_table", "certify_one_hot"]
+
+CERTIFY_MARGIN = 40.0  # nats: every non-winning φ_j ≤ e^{-40} on a certified weight
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+_PAPER_CLAMP = 80.0  # the clamp of mixture._paper_first_stage
+
+
+MIN_BINS, MAX_BINS = 256, 1 << 16  # bins: T/4 within these, so the table costs ≤ T·K/4
+
+
+def bin_count(num_weights: int) -> int:
+    """Bins for a tensor of ``num_weights`` weights; about 2K/bins of them share a bin with a boundary."""
+    return max(MIN_BINS, min(MAX_BINS, num_weights // 4))
+
+
+@dataclass(frozen=True)
+class BinTable:
+    """Bins over the range of one tensor's weights. A bin is *owned* by the one window whose weights
+    fall in it (windows are value intervals), or by none (−1) where the ranges of two windows meet."""
+
+    low: float  # left edge of bin 0 (the smallest weight)
+    inv_width: float  # bins per unit of θ
+    owner: torch.Tensor  # (B,) uint8 window id, 255 for no owner
+    best: torch.Tensor  # (B,) uint8 component j_b within the owner's K
+    best_mean: torch.Tensor  # (B,) μ_{j_b}
+    radius: torch.Tensor  # (B,) |θ − μ_{j_b}| ≤ radius certifies; −1 where nothing can
+    several_windows: bool  # whether a weight's window must be checked against the bin's owner
+
+
+def bin_table(theta, window_ids, means, log_stds, log_mixing, kind: str, temperature: float) -> BinTable:
+    """The table for the flat weights ``theta`` (windows ``window_ids``) and (W, K) component parameters
+    (no graph): B·K work plus one min/max pass over the weights. Valid for exactly these weights."""
+    th, (num_windows, k) = theta.detach(), means.shape
+    means, log_stds, log_mixing = means.detach(), log_stds.detach(), log_mixing.detach()
+    lo, hi = (float(v) for v in torch.aminmax(th))
+    bins = bin_count(th.numel())
+    width = max(hi - lo, 1e-30) / bins
+    edges = lo + width * torch.arange(bins + 1, dtype=torch.float64)
+    # each bin is padded by 1% of its width on both sides, so θ rounded into a neighbouring bin stays covered
+    left = (edges[:-1] - 0.01 * width).to(means.dtype)
+    right = (edges[1:] + 0.01 * width).to(means.dtype)
+    owner = _bin_owners(th, window_ids, num_windows, left, right)
+    row = owner.clamp(min=0)
+    mu, log_std = means[row], log_stds[row]  # (B, K): each bin with its owner's components
+    dist = torch.clamp(torch.maximum(left[:, None] - mu, mu - right[:, None]), min=0.0)
+    peak = log_mixing[row] - log_std - _HALF_LOG_2PI
+    bound = peak - 0.5 * dist * dist * torch.exp(-2 * log_std)  # Q_bk
+    top = torch.topk(torch.cat([bound, bound.new_full((bins, 2), -math.inf)], dim=1), 3, dim=1)
+    j = top.indices[:, :1]
+    q_min = _certifying_log_density(top.values[:, 1], top.values[:, 2], kind, temperature, k)
+    slack = peak.gather(1, j).squeeze(1) - q_min  # q_j(θ) = peak_j − ½ z² ≥ q_min  ⟺  |z| ≤ √(2·slack)
+    radius = torch.exp(log_std.gather(1, j).squeeze(1)) * torch.sqrt(2 * slack.clamp(min=0))
+    radius = torch.where((slack >= 0) & (owner >= 0), radius, torch.full_like(radius, -1.0))
+    best = j.squeeze(1)
+    best_mean = mu.gather(1, j).squeeze(1)
+    return BinTable(lo, 1.0 / width, owner.to(torch.uint8), best.to(torch.uint8), best_mean, radius, num_windows > 1)
+
+
+def _bin_owners(th, window_ids, num_windows, left, right):
+    """(B,) the window whose weights' range meets each bin, −1 where two ranges meet it."""
+    if num_windows == 1:
+        return torch.zeros(left.numel(), dtype=torch.long)
+    ids = window_ids.long()
+    w_lo = torch.full((num_windows,), math.inf, dtype=th.dtype).scatter_reduce(0, ids, th, "amin")
+    w_hi = torch.full((num_windows,), -math.inf, dtype=th.dtype).scatter_reduce(0, ids, th, "amax")
+    meets = (w_lo.to(left.dtype)[None, :] <= right[:, None]) & (w_hi.to(left.dtype)[None, :] >= left[:, None])
+    first = meets.to(torch.uint8).argmax(1)
+    return torch.where(meets.sum(1) == 1, first, torch.full_like(first, -1))
+
+
+def _certifying_log_density(rival, third, kind, temperature, k):
+    """q_min: the smallest q* of the best component for which the stage-2 gap reaches the margin, given
+    the runner-up bound U and third bound U3 (+inf where no q* can)."""
+    need = temperature * (CERTIFY_MARGIN + math.log(k))  # the gap in stage-1 units (φ' differences)
+    if kind == "standard":
+        return rival + need
+    if kind != "paper":
+        raise ValueError(f"unknown responsibility kind {kind!r}; expected 'paper' or 'standard'")
+    if need >= 1 or k == 1:  # φ' differences never exceed 1
+        return torch.full_like(rival, math.inf if need >= 1 else -math.inf)
+    # With a* = e^{q*}, x = a* − e^U: r = e^{-x}, r3 = c3·e^{-x}, c3 = exp(e^{U3} − e^U); the gap
+    # (1 − r)/(1 + r + (K−2) r3) ≥ need  ⟺  x ≥ log(1 + need(1 + (K−2) c3)) − log(1 − need).
+    a_rival = torch.exp(rival.clamp(max=_PAPER_CLAMP))
+    c3 = torch.exp(torch.exp(third.clamp(max=_PAPER_CLAMP)) - a_rival)
+    x_min = torch.log1p(need * (1 + (k - 2) * c3)) - math.log1p(-need)
+    q_min = torch.log(a_rival + x_min)
+    return torch.where(q_min <= _PAPER_CLAMP, q_min, torch.full_like(q_min, math.inf))  # a is clamped at e^80
+
+
+def certify_one_hot(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTable):
+    """(k* uint8 within the window, μ_{k*}, certified bool), each (n,), for flat weights ``theta`` of the
+    tensor the table was built for. Where certified, k* = argmax_k φ_k(θ_i) and φ is one-hot."""
+    b = ((theta - table.low) * table.inv_width).long().clamp_(0, table.owner.numel() - 1)
+    mean = table.best_mean[b]
+    certified = (theta - mean).abs() <= table.radius[b]
+    if table.several_windows:  # the bin must belong to the weight's own window
+        certified &= table.owner[b] == window_ids
+    return table.best[b], mean, certified

@@ -1,0 +1,91 @@
+"""The one-hot certificate (sqs_core.onehot): a certified weight really has a one-hot φ, and it fires."""
+
+import math
+
+import pytest
+import sqs_core as sqs
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqs_core import chunked
+from sqs_core.mixture import component_log_density, log_responsibilities
+from sqs_core.onehot import CERTIFY_MARGIN, bin_table, certify_one_hot
+from sqs_core.posterior import SpikeGMMPosterior
+
+
+def _full_log_phi(theta, means, log_stds, mixing_logits, kind, temperature):
+    q = component_log_density(theta, means, log_stds, F.log_softmax(mixing_logits, -1))
+    return log_responsibilities(q, kind, temperature)
+
+
+@settings(max_examples=200)
+@given(
+    k=st.integers(1, 64),
+    seed=st.integers(0, 10**6),
+    kind=st.sampled_from(["paper", "standard"]),
+    temperature=st.sampled_from([5e-4, 1e-2, 1.0]),
+    spread=st.sampled_from([1e-3, 0.1, 3.0]),
+    duplicate_means=st.booleans(),
+    windows=st.sampled_from(["one", "intervals", "scattered"]),
+)
+def test_a_certified_weight_is_one_hot_at_its_argmax(k, seed, kind, temperature, spread, duplicate_means, windows):
+    g = torch.Generator().manual_seed(seed)
+    num_windows = 1 if windows == "one" else 2
+    means = torch.randn(num_windows, k, generator=g, dtype=torch.float64) * spread
+    if duplicate_means and k > 1:
+        means[:, 1] = means[:, 0]  # a tie: never certified between these two
+    log_stds = torch.randn(num_windows, k, generator=g, dtype=torch.float64) * 0.5 + math.log(spread / max(k, 2))
+    log_mix = F.log_softmax(torch.randn(num_windows, k, generator=g, dtype=torch.float64), -1)
+    theta = torch.cat([torch.randn(500, generator=g, dtype=torch.float64) * spread, means[0], means[-1] * 50])
+    if windows == "intervals":  # the layout of sqs windows: value intervals
+        wid = (theta > theta.median()).to(torch.uint8)
+    else:  # overlapping ranges (θ trained after the windows were fixed): bins have no single owner
+        wid = torch.randint(0, num_windows, theta.shape, generator=g).to(torch.uint8)
+    table = bin_table(theta, wid, means, log_stds, log_mix, kind, temperature)
+    kstar, level, certified = certify_one_hot(theta, wid, table)
+    rows = wid.long()[certified]
+    kstar = kstar.long()[certified]
+    assert torch.equal(level[certified], means[rows, kstar])
+    q = component_log_density(theta[certified], means[rows], log_stds[rows], log_mix[rows])
+    log_phi = log_responsibilities(q, kind, temperature)
+    assert torch.equal(kstar, log_phi.argmax(-1))
+    log_phi[torch.arange(log_phi.shape[0]), kstar] = -math.inf
+    assert (log_phi <= -CERTIFY_MARGIN + 1e-6).all()  # every other φ_j ≤ e^-40
+
+
+@pytest.mark.parametrize("kind", ["paper", "standard"])
+@pytest.mark.parametrize("k", [4, 64])
+def test_the_certificate_covers_almost_every_weight_at_the_papers_temperature(kind, k):
+    w = torch.randn(512, 256, generator=torch.Generator().manual_seed(0)) * 0.05
+    config = sqs.SQSConfig(num_components=k, windows="outlier", responsibility=kind)
+    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0))
+    log_mix = F.log_softmax(p.mixing_logits.detach(), -1)
+    theta, wid = p.weight.reshape(-1), p.window_ids.reshape(-1)
+    table = bin_table(theta, wid, p.means, p.log_stds, log_mix, kind, config.temperature)
+    _, _, certified = certify_one_hot(theta, wid, table)
+    assert p.num_windows == 2 and certified.float().mean() > 0.95
+
+
+def test_ties_take_the_full_path_and_still_match(monkeypatch):
+    """Weights exactly between two equal components are not certified; values and gradients stay exact."""
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 32)
+    w = torch.randn(40, 10, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 0.1
+    config = sqs.SQSConfig(num_components=8, windows="none", responsibility="standard", temperature=5e-4)
+    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
+    with torch.no_grad():
+        p.log_stds.fill_(math.log(0.02))
+        p.mixing_logits.zero_()
+        p.weight.view(-1)[:50] = 0.5 * (p.means[0, 2] + p.means[0, 3])  # φ = (½, ½) over components 2, 3
+    mean = p.posterior_mean()
+    params = [p.means, p.log_stds, p.mixing_logits, p.gate_logits]
+    log_phi = _full_log_phi(p.weight.reshape(-1), p.means[0], p.log_stds[0], p.mixing_logits[0], "standard", 5e-4)
+    lam = torch.sigmoid(p.gate_logits.reshape(-1) / p.gate_temperature)
+    reference = lam * (log_phi.exp() * p.means[0]).sum(-1)
+    assert torch.allclose(log_phi[:50, 2:4].exp(), torch.full((50, 2), 0.5, dtype=torch.float64))
+    assert torch.allclose(mean.reshape(-1), reference, rtol=1e-12)
+    g = torch.randn(mean.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    ours = torch.autograd.grad((mean * g).sum(), params)
+    theirs = torch.autograd.grad((reference * g.reshape(-1)).sum(), params)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-9)
