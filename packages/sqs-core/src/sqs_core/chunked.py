@@ -21,7 +21,14 @@ import torch.nn.functional as F
 from .mixture import bernoulli_kl, component_log_density, log_responsibilities
 from .onehot import bin_table, certify_one_hot
 
-__all__ = ["PosteriorSpec", "gate_kl", "posterior_moments", "responsibility_blocks"]
+__all__ = [
+    "PosteriorSpec",
+    "certified_levels",
+    "gate_kl",
+    "posterior_moments",
+    "responsibility_blocks",
+    "uncertain_log_responsibilities",
+]
 
 CHUNK_ELEMENTS = 1 << 20  # elements of one (n, K) block
 
@@ -62,6 +69,29 @@ def responsibility_blocks(theta, window_ids, means, log_stds, mixing_logits, kin
             th = theta[a:b] if sel is None else theta[a:b][sel]
             q = component_log_density(th, means[w], log_stds[w], log_mix[w])
             yield a, b, sel, w, log_responsibilities(q, kind, temperature)
+
+
+@torch.no_grad()
+def certified_levels(theta, window_ids, means, log_stds, mixing_logits, kind, temperature):
+    """(k* uint8 within the window, certified bool), both (T,), for flat weights; k* is argmax_k φ_k
+    where certified (:mod:`sqs_core.onehot`) and undefined elsewhere."""
+    log_mix = F.log_softmax(mixing_logits, dim=-1)
+    table = bin_table(theta, window_ids, means, log_stds, log_mix, kind, temperature)
+    kstar = torch.empty(theta.shape, dtype=torch.uint8, device=theta.device)
+    certified = torch.empty(theta.shape, dtype=torch.bool, device=theta.device)
+    for a, b in _chunk_ranges(theta.numel(), 1):
+        kstar[a:b], _, certified[a:b] = certify_one_hot(theta[a:b], window_ids[a:b], table)
+    return kstar, certified
+
+
+@torch.no_grad()
+def uncertain_log_responsibilities(theta, window_ids, certified, means, log_stds, mixing_logits, kind, temperature):
+    """Yield ``(flat index (n,), log φ (n, K))`` blocks covering the weights that are not certified."""
+    log_mix = F.log_softmax(mixing_logits, dim=-1)
+    spec = PosteriorSpec(kind=kind, temperature=temperature, gate_temperature=1.0)
+    for index in _uncertain_chunks(certified, means.shape[1]):
+        wid = window_ids[index].long()
+        yield index, _full_moments(theta[index], wid, means, log_stds, log_mix, spec, False)[2]
 
 
 class _PosteriorMoments(torch.autograd.Function):

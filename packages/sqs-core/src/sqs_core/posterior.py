@@ -15,7 +15,14 @@ import math
 import torch
 from torch import nn
 
-from .chunked import PosteriorSpec, gate_kl, posterior_moments, responsibility_blocks
+from .chunked import (
+    PosteriorSpec,
+    certified_levels,
+    gate_kl,
+    posterior_moments,
+    responsibility_blocks,
+    uncertain_log_responsibilities,
+)
 from .config import SpikeSlabPrior, SQSConfig
 from .kmeans import kmeans_1d
 from .mixture import gaussian_kl
@@ -149,15 +156,7 @@ class SpikeGMMPosterior(nn.Module):
 
     # -- inference ----------------------------------------------------------------------------------
     def _blocks(self):
-        return responsibility_blocks(
-            self.weight.detach().reshape(-1),
-            self.window_ids.reshape(-1),
-            self.means.detach(),
-            self.log_stds.detach(),
-            self.mixing_logits.detach(),
-            self.config.responsibility,
-            self.config.temperature,
-        )
+        return responsibility_blocks(*self._flat_inputs())
 
     @torch.no_grad()
     def responsibilities(self) -> torch.Tensor:
@@ -167,13 +166,32 @@ class SpikeGMMPosterior(nn.Module):
             _scatter(out, a, b, sel, log_phi.exp())
         return out
 
+    def _flat_inputs(self):
+        return (
+            self.weight.detach().reshape(-1),
+            self.window_ids.reshape(-1),
+            self.means.detach(),
+            self.log_stds.detach(),
+            self.mixing_logits.detach(),
+            self.config.responsibility,
+            self.config.temperature,
+        )
+
+    def _levels_and_uncertain(self):
+        """(k* for the certified weights, certified mask, generator of (index, log φ) for the rest)."""
+        theta, wid, means, log_stds, mixing, kind, temperature = self._flat_inputs()
+        kstar, certified = certified_levels(theta, wid, means, log_stds, mixing, kind, temperature)
+        blocks = uncertain_log_responsibilities(theta, wid, certified, means, log_stds, mixing, kind, temperature)
+        return kstar, blocks
+
     @torch.no_grad()
     def greedy_levels(self) -> torch.Tensor:
-        """k*_i = argmax_k φ_k(θ_i) (eq. greedy), uint8, θ's shape."""
-        out = torch.empty(self.weight.numel(), dtype=torch.uint8, device=self.weight.device)
-        for a, b, sel, _w, log_phi in self._blocks():
-            _scatter(out, a, b, sel, log_phi.argmax(-1).to(torch.uint8))
-        return out.reshape(self.weight.shape)
+        """k*_i = argmax_k φ_k(θ_i) (eq. greedy), uint8, θ's shape. Weights certified one-hot
+        (:mod:`sqs_core.onehot`) take the certificate's k*; the others the argmax of their full φ."""
+        kstar, blocks = self._levels_and_uncertain()
+        for index, log_phi in blocks:
+            kstar[index] = log_phi.argmax(-1).to(torch.uint8)
+        return kstar.reshape(self.weight.shape)
 
     @torch.no_grad()
     def sampling_alternatives(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,15 +199,14 @@ class SpikeGMMPosterior(nn.Module):
 
         probs are φ with entries below :data:`SAMPLING_FLOOR` zeroed, rounded to float16 (the precision
         the artifact stores), as float32; rows are not renormalised (sampling normalises by the sum).
+        Certified weights (every other φ_j ≤ e^-40, far below the floor) have none.
         """
         index, rows = [], []
-        for a, _b, sel, _w, log_phi in self._blocks():
+        for flat, log_phi in self._levels_and_uncertain()[1]:
             probs = sampling_probs(log_phi.exp())
-            uncertain = (probs > 0).sum(-1) >= 2
-            local = uncertain.nonzero().squeeze(1)
+            local = ((probs > 0).sum(-1) >= 2).nonzero().squeeze(1)
             if local.numel():
-                flat = (local if sel is None else sel[local]) + a
-                index.append(flat)
+                index.append(flat[local])
                 rows.append(probs[local])
         k = self.num_components
         if not index:
