@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import platform
 import tempfile
@@ -95,10 +96,33 @@ def measure(name: str, model: nn.Module, skeleton: nn.Module, nonzero: float, re
             }
         row.update(throughput(path, repeats))
         row["mask_encodings"] = sorted({r["mask"] for r in read_artifact(path).records})
+    row["entropy_bound"] = entropy_bound(dists, report.paper_plus_mask_bytes)
     row["compressed_weights"] = report.compressed_weights
     row["nonzero_weights"] = report.nonzero_weights
     row["layers"] = len(report.layers)
     return row
+
+
+def entropy_bound(dists: dict, paper_plus_mask_bytes: float) -> dict:
+    """What no coder of i.i.d. symbols can beat: per tensor, the empirical entropy of the kept weights'
+    joint (window, level) codes, the binary entropy of the mask, and 32 bits per used codebook entry."""
+    bits, kept, index_bits = 0.0, 0, 0.0
+    for d in dists.values():
+        keep = d.keep.reshape(-1)
+        codes = (d.window_ids.reshape(-1).long() * d.codebook.shape[-1] + d.greedy.reshape(-1).long())[keep]
+        n, total = codes.numel(), keep.numel()
+        counts = torch.bincount(codes).double()
+        counts = counts[counts > 0]
+        h_index = float(-(counts / n * torch.log2(counts / n)).sum()) if n else 0.0
+        p = n / total
+        h_mask = 0.0 if p in (0.0, 1.0) else -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
+        bits += h_index * n + h_mask * total + 32 * counts.numel()
+        kept, index_bits = kept + n, index_bits + h_index * n
+    return {
+        "index_entropy_bits_per_kept_weight": index_bits / max(kept, 1),
+        "bound_bytes": bits / 8,
+        "bound_over_paper_plus_mask": bits / 8 / paper_plus_mask_bytes,
+    }
 
 
 def _sizes(report: sqs.CompressionReport) -> dict:
@@ -173,6 +197,11 @@ def print_table(rows: list[dict]) -> None:
             f"full greedy decode {row['decode_weights_per_s']:.3e} weights/s; "
             f"read+verify {row['read_and_verify_s']:.3f} s, posteriors {row['discrete_posteriors_s']:.1f} s, "
             f"encode {row['encode_s']:.2f} s"
+        )
+        bound = row["entropy_bound"]
+        print(
+            f"{'':<10} i.i.d. entropy bound: {bound['index_entropy_bits_per_kept_weight']:.3f} bits per kept "
+            f"weight's code, bound / (paper + mask) {bound['bound_over_paper_plus_mask']:.3f}"
         )
 
 

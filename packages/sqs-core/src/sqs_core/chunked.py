@@ -103,19 +103,21 @@ class _PosteriorMoments(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second):
-        keep = torch.sigmoid(gate_logits / spec.gate_temperature) * mask
+    def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second, ranges):
+        keep = torch.sigmoid(gate_logits / spec.gate_temperature)
+        keep = torch.where(mask, keep, keep.new_zeros(()))  # no float copy of the mask
         mean = torch.empty_like(theta)
         var = torch.empty_like(theta) if second else theta.new_zeros(0)
         kstar = torch.empty(theta.shape, dtype=torch.uint8, device=theta.device)
         certified = torch.empty(theta.shape, dtype=torch.bool, device=theta.device)
         log_mix = F.log_softmax(mixing_logits, dim=-1)
         k = means.shape[1]
-        table = bin_table(theta, window_ids, means, log_stds, log_mix, spec.kind, spec.temperature)
+        table = bin_table(theta, window_ids, means, log_stds, log_mix, spec.kind, spec.temperature, ranges)
         for a, b in _chunk_ranges(theta.numel(), 1):
             th, wid = theta[a:b], window_ids[a:b]
             ks, m, cert = certify_one_hot(th, wid, table)
-            s = m * m + torch.exp(2 * log_stds.detach().reshape(-1)[wid.long() * k + ks.long()]) if second else None
+            flat = _flat_index(wid, ks, means.shape[0], k) if second else None
+            s = m * m + torch.exp(2 * log_stds.detach().reshape(-1).index_select(0, flat)) if second else None
             for u in _uncertain_chunks(cert, k):
                 wid_u = wid[u].long()
                 m[u], s_u, log_phi = _full_moments(th[u], wid_u, means, log_stds, log_mix, spec, second)
@@ -142,24 +144,30 @@ class _PosteriorMoments(torch.autograd.Function):
         param_grads = [torch.zeros(p.numel(), dtype=torch.float64) for p in leaves]
         g_theta = torch.zeros_like(theta) if ctx.needs_input_grad[0] else None
         g_gate = torch.empty_like(gate_logits)
-        k = means.shape[1]
+        num_windows, k = means.shape
         for a, b in _chunk_ranges(theta.numel(), 1):
-            wid = window_ids[a:b].long()
+            wid = window_ids[a:b]
             lam_raw = torch.sigmoid(gate_logits[a:b] / spec.gate_temperature)
-            lam_mask = mask[a:b].to(lam_raw.dtype)
-            lam, gm = lam_raw * lam_mask, grad_mean[a:b]
-            gv = grad_var[a:b] if second else None
-            flat, cert = wid * k + kstar[a:b].long(), certified[a:b]
+            lam = torch.where(mask[a:b], lam_raw, lam_raw.new_zeros(()))
+            gm, gv = grad_mean[a:b], (grad_var[a:b] if second else None)
+            flat, cert = _flat_index(wid, kstar[a:b], num_windows, k), certified[a:b]
             m, s = _one_hot_moments(flat, means, log_stds, second)
             _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds)
             for u in _uncertain_chunks(cert, k):
-                m[u], s_u = _full_grads(param_grads, g_theta, a, u, wid[u], leaves, theta, spec, gm[u], gv, lam[u])
+                wid_u = wid[u].long()
+                m[u], s_u = _full_grads(param_grads, g_theta, a, u, wid_u, leaves, theta, spec, gm[u], gv, lam[u])
                 if s is not None:
                     s[u] = s_u
             dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
-            g_gate[a:b] = dlam * lam_mask * lam_raw * (1 - lam_raw) / spec.gate_temperature
+            g_gate[a:b] = dlam * lam * (1 - lam_raw) / spec.gate_temperature  # λ̃(1 − λ̃)/τ', 0 where masked
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
-        return g_theta, g_gate, *grads, None, None, None, None
+        return g_theta, g_gate, *grads, None, None, None, None, None
+
+
+def _flat_index(window_ids: torch.Tensor, levels: torch.Tensor, num_windows: int, k: int) -> torch.Tensor:
+    """w·K + k: the index of each weight's component in the flattened (W, K) parameters."""
+    flat = levels.long()
+    return flat if num_windows == 1 else flat.add_(window_ids.long() * k)
 
 
 def _uncertain_chunks(certified: torch.Tensor, num_components: int) -> Iterator[torch.Tensor]:
@@ -170,8 +178,8 @@ def _uncertain_chunks(certified: torch.Tensor, num_components: int) -> Iterator[
 
 def _one_hot_moments(flat, means, log_stds, second):
     """(μ_{k*}, μ_{k*}² + σ_{k*}² or None) at flat component indices: the moments of a one-hot φ."""
-    m = means.detach().reshape(-1)[flat]
-    s = m * m + torch.exp(2 * log_stds.detach().reshape(-1)[flat]) if second else None
+    m = means.detach().reshape(-1).index_select(0, flat)
+    s = m * m + torch.exp(2 * log_stds.detach().reshape(-1).index_select(0, flat)) if second else None
     return m, s
 
 
@@ -191,12 +199,13 @@ def _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds):
     ∂θ^avg/∂μ_{k*} = λ̃; with Var = λ̃ (μ² + σ²) − (λ̃ μ)² also ∂Var/∂μ = 2 λ̃ μ (1 − λ̃), ∂Var/∂log σ = 2 λ̃ σ².
     Uncertain weights contribute zero here (their gradients come from the full path)."""
     g_means, g_log_stds, _ = param_grads
-    on = lam * cert
+    on = torch.where(cert, lam, lam.new_zeros(()))
     dm = gm * on
     if gv is not None:
         gv = gv * on
         dm = dm + 2 * gv * m * (1 - lam)
-        g_log_stds.index_add_(0, flat, (2 * gv * torch.exp(2 * log_stds.detach().reshape(-1)[flat])).double())
+        var = torch.exp(2 * log_stds.detach().reshape(-1).index_select(0, flat))
+        g_log_stds.index_add_(0, flat, (2 * gv * var).double())
     g_means.index_add_(0, flat, dm.double())
 
 
@@ -224,9 +233,14 @@ def _full_grads(param_grads, g_theta, a, u, wid, leaves, theta, spec, gm, gv, la
     return m.detach(), (s.detach() if s is not None else None)
 
 
-def posterior_moments(theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second):
-    """Differentiable (θ^avg, Var or empty, k*) for flat inputs; see :class:`_PosteriorMoments`."""
-    return _PosteriorMoments.apply(theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second)
+def posterior_moments(
+    theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second, window_ranges=None
+):
+    """Differentiable (θ^avg, Var or empty, k*) for flat inputs; see :class:`_PosteriorMoments`.
+    ``window_ranges`` (W, 2): each window's smallest and largest θ, when the caller caches them."""
+    return _PosteriorMoments.apply(
+        theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second, window_ranges
+    )
 
 
 class _GateKL(torch.autograd.Function):
@@ -238,14 +252,14 @@ class _GateKL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep):
-        k = component_kl.shape[1]
+        w_count, k = component_kl.shape
         flat_kl = component_kl.reshape(-1)
         total = torch.zeros((), dtype=torch.float64, device=gate_logits.device)
         for a, b in _chunk_ranges(gate_logits.numel(), 1):
             scaled = gate_logits[a:b] / gate_temperature
             on = mask[a:b]
-            lam = torch.sigmoid(scaled) * on
-            ck = flat_kl[window_ids[a:b].long() * k + kstar[a:b].long()]
+            lam = torch.where(on, torch.sigmoid(scaled), scaled.new_zeros(()))
+            ck = flat_kl.index_select(0, _flat_index(window_ids[a:b], kstar[a:b], w_count, k))
             total += (lam * ck).sum(dtype=torch.float64)
             if prior_keep is not None:
                 bern = torch.where(on, bernoulli_kl(scaled, prior_keep), -math.log1p(-prior_keep))
@@ -265,12 +279,12 @@ class _GateKL(torch.autograd.Function):
         prior_logit = 0.0 if prior_keep is None else math.log(prior_keep) - math.log1p(-prior_keep)
         for a, b in _chunk_ranges(gate_logits.numel(), 1):
             scaled = gate_logits[a:b] / tau
-            on = mask[a:b].to(scaled.dtype)
-            lam = torch.sigmoid(scaled)
-            index = window_ids[a:b].long() * k + kstar[a:b].long()
-            dkl_dlam = flat_kl[index] + ((scaled - prior_logit) if prior_keep is not None else 0.0)
-            g_gate[a:b] = grad * on * dkl_dlam * lam * (1 - lam) / tau
-            g_comp.index_add_(0, index, (lam * on).double())
+            lam_raw = torch.sigmoid(scaled)
+            lam = torch.where(mask[a:b], lam_raw, lam_raw.new_zeros(()))
+            index = _flat_index(window_ids[a:b], kstar[a:b], w_count, k)
+            dkl_dlam = flat_kl.index_select(0, index) + ((scaled - prior_logit) if prior_keep is not None else 0.0)
+            g_gate[a:b] = dkl_dlam * lam * (1 - lam_raw) * (grad / tau)
+            g_comp.index_add_(0, index, lam.double())
         g_comp = (grad * g_comp).to(component_kl.dtype).reshape(w_count, k)
         return g_gate, g_comp, None, None, None, None, None
 

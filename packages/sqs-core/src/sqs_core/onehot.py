@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CERTIFY_MARGIN", "BinTable", "bin_count", "bin_table", "certify_one_hot"]
+__all__ = ["CERTIFY_MARGIN", "BinTable", "bin_count", "bin_table", "certify_one_hot", "window_value_ranges"]
 
 CERTIFY_MARGIN = 40.0  # nats: every non-winning φ_j ≤ e^{-40} on a certified weight
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -56,24 +56,28 @@ class BinTable:
     inv_width: float  # bins per unit of θ
     owner: torch.Tensor  # (B,) uint8 window id, 255 for no owner
     best: torch.Tensor  # (B,) uint8 component j_b within the owner's K
-    best_mean: torch.Tensor  # (B,) μ_{j_b}
-    radius: torch.Tensor  # (B,) |θ − μ_{j_b}| ≤ radius certifies; −1 where nothing can
+    mean_radius: torch.Tensor  # (B, 2): μ_{j_b}, and the radius |θ − μ_{j_b}| ≤ radius that certifies (−1: none)
     several_windows: bool  # whether a weight's window must be checked against the bin's owner
 
 
-def bin_table(theta, window_ids, means, log_stds, log_mixing, kind: str, temperature: float) -> BinTable:
+def bin_table(
+    theta, window_ids, means, log_stds, log_mixing, kind: str, temperature: float, window_ranges=None
+) -> BinTable:
     """The table for the flat weights ``theta`` (windows ``window_ids``) and (W, K) component parameters
-    (no graph): B·K work plus one min/max pass over the weights. Valid for exactly these weights."""
+    (no graph): B·K work plus one min/max pass over the weights. Valid for exactly these weights.
+    ``window_ranges`` (W, 2), each window's smallest and largest weight, if the caller has them cached."""
     th, (num_windows, k) = theta.detach(), means.shape
     means, log_stds, log_mixing = means.detach(), log_stds.detach(), log_mixing.detach()
-    lo, hi = (float(v) for v in torch.aminmax(th))
+    if window_ranges is None:
+        window_ranges = window_value_ranges(th, window_ids, num_windows)
+    lo, hi = float(window_ranges[:, 0].min()), float(window_ranges[:, 1].max())
     bins = bin_count(th.numel())
     width = max(hi - lo, 1e-30) / bins
     edges = lo + width * torch.arange(bins + 1, dtype=torch.float64)
     # each bin is padded by 1% of its width on both sides, so θ rounded into a neighbouring bin stays covered
     left = (edges[:-1] - 0.01 * width).to(means.dtype)
     right = (edges[1:] + 0.01 * width).to(means.dtype)
-    owner = _bin_owners(th, window_ids, num_windows, left, right)
+    owner = _bin_owners(window_ranges, num_windows, left, right)
     row = owner.clamp(min=0)
     mu, log_std = means[row], log_stds[row]  # (B, K): each bin with its owner's components
     dist = torch.clamp(torch.maximum(left[:, None] - mu, mu - right[:, None]), min=0.0)
@@ -85,19 +89,27 @@ def bin_table(theta, window_ids, means, log_stds, log_mixing, kind: str, tempera
     slack = peak.gather(1, j).squeeze(1) - q_min  # q_j(θ) = peak_j − ½ z² ≥ q_min  ⟺  |z| ≤ √(2·slack)
     radius = torch.exp(log_std.gather(1, j).squeeze(1)) * torch.sqrt(2 * slack.clamp(min=0))
     radius = torch.where((slack >= 0) & (owner >= 0), radius, torch.full_like(radius, -1.0))
-    best = j.squeeze(1)
-    best_mean = mu.gather(1, j).squeeze(1)
-    return BinTable(lo, 1.0 / width, owner.to(torch.uint8), best.to(torch.uint8), best_mean, radius, num_windows > 1)
+    mean_radius = torch.stack([mu.gather(1, j).squeeze(1), radius], dim=1)
+    owner_u8, best_u8 = owner.to(torch.uint8), j.squeeze(1).to(torch.uint8)
+    return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, num_windows > 1)
 
 
-def _bin_owners(th, window_ids, num_windows, left, right):
+def window_value_ranges(theta: torch.Tensor, window_ids: torch.Tensor, num_windows: int) -> torch.Tensor:
+    """(W, 2): the smallest and the largest weight of each window (±inf for an empty one)."""
+    if num_windows == 1:
+        return torch.stack(torch.aminmax(theta.detach())).reshape(1, 2)
+    ids = window_ids.long()
+    low = torch.full((num_windows,), math.inf, dtype=theta.dtype).scatter_reduce(0, ids, theta, "amin")
+    high = torch.full((num_windows,), -math.inf, dtype=theta.dtype).scatter_reduce(0, ids, theta, "amax")
+    return torch.stack([low, high], dim=1)
+
+
+def _bin_owners(window_ranges, num_windows, left, right):
     """(B,) the window whose weights' range meets each bin, −1 where two ranges meet it."""
     if num_windows == 1:
         return torch.zeros(left.numel(), dtype=torch.long)
-    ids = window_ids.long()
-    w_lo = torch.full((num_windows,), math.inf, dtype=th.dtype).scatter_reduce(0, ids, th, "amin")
-    w_hi = torch.full((num_windows,), -math.inf, dtype=th.dtype).scatter_reduce(0, ids, th, "amax")
-    meets = (w_lo.to(left.dtype)[None, :] <= right[:, None]) & (w_hi.to(left.dtype)[None, :] >= left[:, None])
+    ranges = window_ranges.to(left.dtype)
+    meets = (ranges[None, :, 0] <= right[:, None]) & (ranges[None, :, 1] >= left[:, None])
     first = meets.to(torch.uint8).argmax(1)
     return torch.where(meets.sum(1) == 1, first, torch.full_like(first, -1))
 
@@ -125,8 +137,9 @@ def certify_one_hot(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTab
     """(k* uint8 within the window, μ_{k*}, certified bool), each (n,), for flat weights ``theta`` of the
     tensor the table was built for. Where certified, k* = argmax_k φ_k(θ_i) and φ is one-hot."""
     b = ((theta - table.low) * table.inv_width).long().clamp_(0, table.owner.numel() - 1)
-    mean = table.best_mean[b]
-    certified = (theta - mean).abs() <= table.radius[b]
+    mean_radius = table.mean_radius.index_select(0, b)  # index_select: faster than advanced indexing
+    mean = mean_radius[:, 0].contiguous()
+    certified = (theta - mean).abs() <= mean_radius[:, 1]
     if table.several_windows:  # the bin must belong to the weight's own window
-        certified &= table.owner[b] == window_ids
-    return table.best[b], mean, certified
+        certified &= table.owner.index_select(0, b) == window_ids
+    return table.best.index_select(0, b), mean, certified

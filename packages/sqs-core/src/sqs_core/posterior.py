@@ -26,6 +26,7 @@ from .chunked import (
 from .config import SpikeSlabPrior, SQSConfig
 from .kmeans import kmeans_1d
 from .mixture import gaussian_kl
+from .onehot import window_value_ranges
 from .windows import assign_windows
 
 __all__ = ["SAMPLING_FLOOR", "SpikeGMMPosterior"]
@@ -70,6 +71,8 @@ class SpikeGMMPosterior(nn.Module):
         self.register_buffer("gate_temperature", torch.tensor(float(config.gate_temperature)))
         self.config = config
         self._kstar: torch.Tensor | None = None
+        self._ranges_key: tuple | None = None
+        self._ranges = torch.zeros(0)
 
     # -- shapes and simple closed forms ---------------------------------------------------------
     @property
@@ -128,10 +131,20 @@ class SpikeGMMPosterior(nn.Module):
             self.window_ids.reshape(-1),
             self.spec(),
             second,
+            self._window_ranges(),
         )
         self._kstar = kstar
         shape = self.weight.shape
         return mean.reshape(shape), (var.reshape(shape) if second else None)
+
+    def _window_ranges(self) -> torch.Tensor:
+        """Each window's smallest and largest θ, (W, 2); cached until θ changes (a trained θ: every step)."""
+        key = (self.weight.data_ptr(), self.weight._version, self.weight.device)
+        if self._ranges_key != key:
+            flat = self.weight.detach().reshape(-1)
+            self._ranges = window_value_ranges(flat, self.window_ids.reshape(-1), self.num_windows)
+            self._ranges_key = key
+        return self._ranges
 
     def posterior_mean(self) -> torch.Tensor:
         """θ^avg (Section "Training Procedure"): the weight of the plug-in training forward."""
