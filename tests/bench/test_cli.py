@@ -94,3 +94,15 @@ def test_smoke_sqs_runs_through_the_cli(fake_data_dir, tmp_path):
     test_x = load_splits(fake_data_dir, val_fraction=0.1, seed=0).test_x
     greedy = result["predictions"]["greedy"]
     assert predict(skeleton, test_x[: len(greedy)]).tolist() == greedy
+
+
+def test_the_commit_is_read_once_per_suite_before_any_run(fake_data_dir, tmp_path, monkeypatch):
+    """A commit made while a long suite runs must not be recorded for runs of the code loaded before it."""
+    from sqs_bench import runner
+
+    commits = iter(["commit-at-start", "commit-made-later", "commit-made-even-later"])
+    monkeypatch.setattr(runner, "git_commit", lambda: next(commits))
+    out = tmp_path / "results"
+    args = ["--tier", "smoke", "--data-dir", str(fake_data_dir), "--out", str(out), "--label", "uniform"]
+    assert _run([*args, "--label", "magnitude_kmeans"]) == 0
+    assert {json.loads(p.read_text())["git_commit"] for p in out.glob("*.json")} == {"commit-at-start"}
