@@ -77,15 +77,21 @@ def _unpack_aligned(packed: Tensor, bits: int, count: int) -> Tensor:
         shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=device)
         fields = (packed.unsqueeze(1) >> shifts).bitwise_and_(mask)  # (bytes, 8 // bits)
         return fields.reshape(-1)[:count]
-    # bits ∈ {3, 5, 6, 7}: a group of 8 fields is `bits` bytes; assemble one int64 word per group.
+    # bits ∈ {3, 5, 6, 7}: a group of 8 fields is exactly `bits` bytes. Field j of every group starts at
+    # bit r = bits·j mod 8 of byte p = bits·j // 8 and may continue into byte p + 1: two uint8 shifts
+    # per field column, no wide integers.
     groups = (count + 7) // 8
-    padded = torch.zeros(groups * bits, dtype=torch.int64, device=device)
+    padded = torch.zeros(groups * bits, dtype=torch.uint8, device=device)
     used = min(packed.numel(), groups * bits)
     padded[:used] = packed[:used]
-    byte_shifts = torch.arange(bits, device=device) * 8
-    word = (padded.view(groups, bits) << byte_shifts).sum(dim=1)  # (groups,)
-    shifts = torch.arange(8, device=device) * bits
-    fields = ((word.unsqueeze(1) >> shifts) & mask).to(torch.uint8)  # (groups, 8)
+    rows = padded.view(groups, bits)
+    fields = torch.empty(groups, 8, dtype=torch.uint8, device=device)
+    for j in range(8):
+        p, r = divmod(bits * j, 8)
+        column = rows[:, p] >> r
+        if r + bits > 8:
+            column |= rows[:, p + 1] << (8 - r)  # uint8: the bits shifted past 7 fall off
+        fields[:, j] = column.bitwise_and_(mask)
     return fields.reshape(-1)[:count]
 
 
