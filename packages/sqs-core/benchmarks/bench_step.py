@@ -1,7 +1,10 @@
 """Memory and speed of one SQS training step vs one plain fine-tuning step of the same model.
 
-(a) a CIFAR ResNet-20 topology (random weights; timing does not depend on them) with K = 4, batch 128;
-(b) one 4096×4096 Linear with K = 64 at several batch sizes (tokens).
+(a) a CIFAR ResNet-20 topology (random weights, random labels) with K = 4, batch 128;
+(b) one 4096×4096 Linear with K = 64 at several batch sizes (tokens), with a random regression target
+    (large gradients: the means drift fast) and with the layer's own fp32 output as the target (the
+    self-distillation of compression fine-tuning). The step's cost depends on the share of weights the
+    one-hot certificate covers (sqs_core.onehot), so each SQS case also reports that share after its steps.
 Each case runs in a fresh subprocess so peak RSS is measured per case (resource.getrusage). Writes JSON
 to docs/results/step_bench.json and prints a table. Usage: python bench_step.py [--quick]
 """
@@ -38,8 +41,11 @@ def resnet20():
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
 if kind == "resnet20":
     model = resnet20(); x = torch.randn(batch, 3, 32, 32); y = torch.randint(0, 10, (batch,)); loss_fn = lambda out: F.cross_entropy(out, y)
-else:
-    model = nn.Sequential(nn.Linear(4096, 4096)); x = torch.randn(batch, 4096); target = torch.randn(batch, 4096); loss_fn = lambda out: F.mse_loss(out, target)
+else:  # linear4096: a random regression target; linear4096-distill: the layer's own fp32 output
+    model = nn.Sequential(nn.Linear(4096, 4096)); x = torch.randn(batch, 4096)
+    with torch.no_grad():
+        target = model(x) if kind.endswith("distill") else torch.randn(batch, 4096)
+    loss_fn = lambda out: F.mse_loss(out, target)
 if mode == "sqs":
     sqs.prepare_(model, sqs.SQSConfig(num_components=k, windows="outlier"))
     objective = sqs.Objective(model, num_data=50000)
@@ -53,7 +59,18 @@ times = []
 for r in range(repeats + 1):
     t = time.perf_counter(); loss = loss_of(model(x)); opt.zero_grad(); loss.backward(); opt.step(); times.append(time.perf_counter() - t)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"step_s": sorted(times[1:])[len(times[1:]) // 2], "peak_rss_mib": peak / 1024, "rss_before_mib": base_rss / 1024,
+certified = None
+if mode == "sqs":  # the share of weights the one-hot certificate covers after the last step
+    from sqs_core.chunked import certified_levels
+    from sqs_core.prepare import posteriors
+    done = total = 0
+    for p in posteriors(model).values():
+        _, cert = certified_levels(p.weight.detach().reshape(-1), p.window_ids.reshape(-1), p.means.detach(), p.log_stds.detach(),
+                                   p.mixing_logits.detach(), p.config.responsibility, p.config.temperature)
+        done, total = done + int(cert.sum()), total + cert.numel()
+    certified = done / total
+print(json.dumps({"step_s": sorted(times[1:])[len(times[1:]) // 2], "steps_s": times, "peak_rss_mib": peak / 1024,
+                  "rss_before_mib": base_rss / 1024, "certified_fraction": certified,
                   "params_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20}))
 """
 
@@ -76,7 +93,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     repeats = 2 if args.quick else 5
-    cases = [("resnet20", 128, 4)] + [("linear4096", b, 64) for b in ((256,) if args.quick else (256, 2048, 8192))]
+    batches = (256,) if args.quick else (256, 2048, 8192)
+    cases = [("resnet20", 128, 4)] + [(kind, b, 64) for kind in ("linear4096", "linear4096-distill") for b in batches]
     rows = []
     for kind, batch, k in cases:
         plain, ours = run_case(kind, "plain", batch, k, repeats), run_case(kind, "sqs", batch, k, repeats)
@@ -95,7 +113,7 @@ def main() -> None:
         print(
             f"{kind:>10} batch {batch:>5} K={k:<3} step {plain['step_s']:.3f}s -> {ours['step_s']:.3f}s "
             f"(x{r['time_ratio']:.2f})  peak RSS {plain['peak_rss_mib']:.0f} -> {ours['peak_rss_mib']:.0f} MiB "
-            f"(x{r['peak_memory_ratio']:.2f})",
+            f"(x{r['peak_memory_ratio']:.2f}), certified {ours['certified_fraction']:.4f}",
             flush=True,
         )
     machine = {
