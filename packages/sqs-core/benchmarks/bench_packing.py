@@ -21,7 +21,7 @@ def run(count: int, repeats: int) -> list[dict[str, object]]:
     """Return one result row per (bits, levels, path)."""
     generator = torch.Generator().manual_seed(0)
     rows: list[dict[str, object]] = []
-    for bits in (2, 4):
+    for bits in (2, 3, 4, 5):  # 3 and 5: odd widths, common for joint (window, level) codes
         for n_levels in (1 << bits, (1 << bits) - 1):
             indices = torch.randint(0, n_levels, (count,), generator=generator)
             codebook = torch.randn(n_levels, generator=generator)
