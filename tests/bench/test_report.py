@@ -113,3 +113,15 @@ def test_summary_json_holds_the_issue_keys(results_dir):
     assert set(ablations) == {"ablation_bayes_samples", "ablation_greedy_vs_bayes", "ablation_prior"}
     assert len(ablations["ablation_bayes_samples"]["rows"]) == 6  # greedy and five M
     assert all(a["substitute"].startswith("SUBSTITUTE") for a in ablations.values())
+
+
+def test_a_recipe_relabelled_since_its_older_runs_is_reported_with_its_current_label(tmp_path):
+    """Results of one recipe run at different times carry different labels; the report shows today's."""
+    for i, config in enumerate(expand_recipe(load_recipe("ablation_prior"), "cpu")):
+        config = dict(config, meta=dict(config["meta"], substitute="SUBSTITUTE: an outdated label"))
+        (tmp_path / f"{config['run_id']}.json").write_text(json.dumps(_fake_result(config, drop=1.0 + i)))
+    text = build_report(tmp_path).read_text()
+    assert "an outdated label" not in text
+    assert load_recipe("ablation_prior")["substitute"] in text
+    ablations = json.loads((tmp_path / "results_ablations.json").read_text())["ablations"]
+    assert ablations["ablation_prior"]["substitute"] == load_recipe("ablation_prior")["substitute"]

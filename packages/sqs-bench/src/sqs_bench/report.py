@@ -19,6 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from .config import load_recipe
+
 __all__ = ["build_report", "load_results", "rows", "summaries"]
 
 logger = logging.getLogger(__name__)
@@ -202,10 +204,20 @@ def _plot_series(ax, group: list[dict], x: str, series: str, xlabel: str) -> Non
     ax.set_xlabel(xlabel)
 
 
+def _recipe_meta(recipe: str, result: dict) -> dict:
+    """Title and substitute label: the packaged recipe's current ones (results of one recipe may have been
+    run at different times, when its label said something else), else those stored in the result."""
+    try:
+        current = load_recipe(recipe)
+    except (FileNotFoundError, ValueError):
+        return result["meta"]
+    return result["meta"] | {k: current[k] for k in ("title", "substitute") if k in current}
+
+
 def _section(recipe: str, results: list[dict], out_dir: Path) -> str:
     """Markdown for one recipe plus its PNG (written to ``out_dir``)."""
     first = results[0]
-    kind, paper, meta = first["report"].get("kind", "flat"), first["paper"], first["meta"]
+    kind, paper, meta = first["report"].get("kind", "flat"), first["paper"], _recipe_meta(recipe, first)
     group = [row for result in results for row in rows(result)]
     lines = [f"## {meta.get('title') or recipe}", ""]
     if meta.get("substitute"):
@@ -282,8 +294,9 @@ def summaries(results: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, 
     for r in results:
         if r["report"].get("kind") == "table1":
             continue
+        meta = _recipe_meta(r["recipe"], r)
         entry = ablations.setdefault(
-            r["recipe"], {"title": r["meta"].get("title"), "substitute": r["meta"].get("substitute"), "rows": []}
+            r["recipe"], {"title": meta.get("title"), "substitute": meta.get("substitute"), "rows": []}
         )
         entry["rows"] += [row | {"run_id": r["run_id"]} for row in rows(r)]
         entry["paper"] = r["paper"]
