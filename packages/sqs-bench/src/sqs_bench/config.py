@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TIERS", "expand_recipe", "list_recipes", "load_recipe", "load_suite", "merge"]
+__all__ = ["TIERS", "expand_recipe", "list_recipes", "load_recipe", "load_suite", "merge", "suite_labels"]
 
 TIERS = ("smoke", "cpu", "paper")
 _RECIPES = "recipes"
@@ -57,10 +57,20 @@ def load_recipe(name_or_path: str | Path) -> dict[str, Any]:
 
 def load_suite(name: str) -> list[str]:
     """The recipe names of a suite from ``recipes/suites.toml``."""
+    return list(_suite(name)["recipes"])
+
+
+def suite_labels(name: str) -> list[str] | None:
+    """The run labels a suite keeps (``labels`` in ``recipes/suites.toml``), or None for all."""
+    labels = _suite(name).get("labels")
+    return None if labels is None else list(labels)
+
+
+def _suite(name: str) -> dict[str, Any]:
     suites = _read_toml(_recipe_dir() / "suites.toml")
     if name not in suites:
         raise ValueError(f"unknown suite {name!r}; expected one of {sorted(suites)}")
-    return list(suites[name]["recipes"])
+    return suites[name]
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

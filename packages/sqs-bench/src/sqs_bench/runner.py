@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from sqs_bench import baselines
-from sqs_bench.config import expand_recipe, load_recipe, load_suite
+from sqs_bench.config import expand_recipe, load_recipe, load_suite, suite_labels
 from sqs_bench.data import CIFAR10_URL, FULL_SIZES, CifarSplits, DataNotFoundError, load_splits
 from sqs_bench.models import load_model, require_timm
 from sqs_bench.stats import accuracy, paired_bootstrap_drop_ci
@@ -73,8 +73,10 @@ def machine() -> dict[str, Any]:
 
 
 def suite_configs(suite: str, tier: str) -> list[dict[str, Any]]:
-    """Every run configuration of ``suite`` for ``tier``."""
-    return [config for name in load_suite(suite) for config in expand_recipe(load_recipe(name), tier)]
+    """Every run configuration of ``suite`` for ``tier`` (only its ``labels``, when the suite names some)."""
+    labels = suite_labels(suite)
+    configs = [config for name in load_suite(suite) for config in expand_recipe(load_recipe(name), tier)]
+    return [c for c in configs if labels is None or c["label"] in labels]
 
 
 def _data(config: dict, data_dir: str | Path | None, cache: dict) -> CifarSplits:
