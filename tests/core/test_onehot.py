@@ -89,3 +89,44 @@ def test_ties_take_the_full_path_and_still_match(monkeypatch):
     theirs = torch.autograd.grad((reference * g.reshape(-1)).sum(), params)
     for a, b in zip(ours, theirs, strict=True):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("windows", ["none", "outlier"])
+@pytest.mark.parametrize("second", [False, True])
+def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, windows, second):
+    """Under the paper's formula a weight far from every component has a near-uniform φ (not certified);
+    when all but NEARBY components have π N ≤ e^-40 it is evaluated on those and one lumped term."""
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 256)
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(60, 50, generator=g, dtype=torch.float64) * 0.1
+    w.view(-1)[:3] = torch.tensor([1.5, -1.2, 1.1], dtype=torch.float64)
+    config = sqs.SQSConfig(num_components=32, windows=windows, responsibility="paper", temperature=5e-4)
+    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
+    with torch.no_grad():
+        p.log_stds.sub_(2.5)  # narrow components: many weights lie ≥ 10σ from all of them
+        p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=torch.float64))
+        p.mask.view(-1)[::7] = False
+    theta, wid = p.weight.reshape(-1), p.window_ids.reshape(-1)
+    log_mix = F.log_softmax(p.mixing_logits.detach(), -1)
+    table = bin_table(theta, wid, p.means, p.log_stds, log_mix, "paper", 5e-4)
+    _, _, certified = certify_one_hot(theta, wid, table)
+    near = [int(u.numel()) for u, is_near in chunked._uncovered_chunks(theta, wid, certified, table, 32) if is_near]
+    assert sum(near) > 100  # the nearby path is exercised
+    mean, var = p.moments(second=second)
+    rows = wid.long()
+    q = component_log_density(theta, p.means[rows], p.log_stds[rows], F.log_softmax(p.mixing_logits, -1)[rows])
+    phi = log_responsibilities(q, "paper", 5e-4).exp()
+    lam = torch.sigmoid(p.gate_logits.reshape(-1) / p.gate_temperature) * p.mask.reshape(-1)
+    m = (phi * p.means[rows]).sum(-1)
+    ref_mean = lam * m
+    assert torch.allclose(mean.reshape(-1), ref_mean, rtol=1e-9, atol=1e-12)
+    params = [p.means, p.log_stds, p.mixing_logits, p.gate_logits]
+    weights = torch.randn(mean.shape, generator=g, dtype=torch.float64)
+    ours, ref = (mean * weights).sum(), (ref_mean.reshape(mean.shape) * weights).sum()
+    if second:
+        s = (phi * (p.means[rows] ** 2 + torch.exp(2 * p.log_stds[rows]))).sum(-1)
+        ref_var = lam * s - (lam * m) ** 2
+        assert torch.allclose(var.reshape(-1), ref_var.clamp_min(0), rtol=1e-7, atol=1e-12)
+        ours, ref = ours + var.sum(), ref + ref_var.sum()
+    for a, b in zip(torch.autograd.grad(ours, params), torch.autograd.grad(ref, params), strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-9)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .mixture import bernoulli_kl, component_log_density, log_responsibilities
-from .onehot import bin_table, certify_one_hot
+from .onehot import NEARBY, BinTable, bin_index, bin_table, certify_one_hot
 
 __all__ = [
     "PosteriorSpec",
@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 CHUNK_ELEMENTS = 1 << 20  # elements of one (n, K) block
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 @dataclass(frozen=True)
@@ -118,10 +119,9 @@ class _PosteriorMoments(torch.autograd.Function):
             ks, m, cert = certify_one_hot(th, wid, table)
             flat = _flat_index(wid, ks, means.shape[0], k) if second else None
             s = m * m + torch.exp(2 * log_stds.detach().reshape(-1).index_select(0, flat)) if second else None
-            for u in _uncertain_chunks(cert, k):
-                wid_u = wid[u].long()
-                m[u], s_u, log_phi = _full_moments(th[u], wid_u, means, log_stds, log_mix, spec, second)
-                ks[u] = log_phi.argmax(-1).to(torch.uint8)
+            for u, near in _uncovered_chunks(th, wid, cert, table, k):
+                moments = _uncovered_moments(th[u], wid[u].long(), near, table, means, log_stds, log_mix, spec, second)
+                m[u], s_u, ks[u] = moments
                 if s is not None:
                     s[u] = s_u
             lam = keep[a:b]
@@ -131,7 +131,7 @@ class _PosteriorMoments(torch.autograd.Function):
             if s is not None:
                 var[a:b] = (lam * s - (lam * m) ** 2 + (1 - lam) * spec.spike_variance).clamp_min(0)
         ctx.save_for_backward(theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, kstar, certified)
-        ctx.spec, ctx.second = spec, second
+        ctx.spec, ctx.second, ctx.table = spec, second, table
         ctx.mark_non_differentiable(kstar)
         return mean, var, kstar
 
@@ -153,9 +153,9 @@ class _PosteriorMoments(torch.autograd.Function):
             flat, cert = _flat_index(wid, kstar[a:b], num_windows, k), certified[a:b]
             m, s = _one_hot_moments(flat, means, log_stds, second)
             _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds)
-            for u in _uncertain_chunks(cert, k):
-                wid_u = wid[u].long()
-                m[u], s_u = _full_grads(param_grads, g_theta, a, u, wid_u, leaves, theta, spec, gm[u], gv, lam[u])
+            for u, near in _uncovered_chunks(theta[a:b], wid, cert, ctx.table, k):
+                block = _Uncovered(a, u, wid[u].long(), near, ctx.table)
+                m[u], s_u = _full_grads(param_grads, g_theta, block, leaves, theta, spec, gm[u], gv, lam[u])
                 if s is not None:
                     s[u] = s_u
             dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
@@ -172,8 +172,68 @@ def _flat_index(window_ids: torch.Tensor, levels: torch.Tensor, num_windows: int
 
 def _uncertain_chunks(certified: torch.Tensor, num_components: int) -> Iterator[torch.Tensor]:
     """Local indices of the weights that were not certified, CHUNK_ELEMENTS // K at a time."""
-    uncertain = (~certified).nonzero().squeeze(1)
-    yield from torch.split(uncertain, max(1, CHUNK_ELEMENTS // num_components))
+    yield from torch.split((~certified).nonzero().squeeze(1), max(1, CHUNK_ELEMENTS // num_components))
+
+
+@dataclass(frozen=True)
+class _Uncovered:
+    """A chunk of weights the certificate did not cover: local indices ``u`` of the chunk starting at ``a``."""
+
+    a: int
+    u: torch.Tensor
+    wid: torch.Tensor  # int64 window of each
+    near: bool  # evaluated on the bin's NEARBY components (the rest lumped), else on all K
+    table: BinTable
+
+
+def _uncovered_chunks(th, wid, certified, table: BinTable, k: int) -> Iterator[tuple[torch.Tensor, bool]]:
+    """(local indices, nearby?) of the weights that were not certified: those in a lumpable bin of their
+    own window take the NEARBY-component path (CHUNK_ELEMENTS // NEARBY at a time), the rest all K."""
+    uncovered = (~certified).nonzero().squeeze(1)
+    if uncovered.numel() and table.any_lumpable:
+        b = bin_index(th[uncovered], table)
+        near = table.lumpable.index_select(0, b)
+        if table.several_windows:
+            near &= table.owner.index_select(0, b) == wid[uncovered]
+        for chunk in torch.split(uncovered[near], max(1, CHUNK_ELEMENTS // NEARBY)):
+            yield chunk, True
+        uncovered = uncovered[~near]
+    for chunk in torch.split(uncovered, max(1, CHUNK_ELEMENTS // k)):
+        yield chunk, False
+
+
+def _uncovered_moments(th, wid, near, table, means, log_stds, log_mix, spec, second):
+    """(m, s or None, k* uint8) of uncovered weights, on all K components or on the bin's nearby ones."""
+    if not near:
+        m, s, log_phi = _full_moments(th, wid, means, log_stds, log_mix, spec, second)
+        return m, s, log_phi.argmax(-1).to(torch.uint8)
+    nearby = table.nearby.index_select(0, bin_index(th.detach(), table))  # (n, NEARBY) flat indices
+    return _nearby_moments(th, wid, nearby, means, log_stds, log_mix, spec, second)
+
+
+def _nearby_moments(th, wid, nearby, means, log_stds, log_mix, spec, second):
+    """The paper's φ (eq. compute-phi-k) of weights whose components outside ``nearby`` all have
+    e^{π N} = 1 in the working precision (:func:`~sqs_core.onehot.lump_log_density`): those
+    L = K − NEARBY components share one φ_l, as they do in the full evaluation, so
+    m = Σ_c φ_c μ_c + φ_l (Σ_k μ_k − Σ_c μ_c), and likewise s with μ² + σ²."""
+    k = means.shape[1]
+    lumped = math.log(k - nearby.shape[1])
+    mu, log_std = means.reshape(-1)[nearby], log_stds.reshape(-1)[nearby]
+    q = log_mix.reshape(-1)[nearby] - log_std - _HALF_LOG_2PI - 0.5 * ((th[:, None] - mu) * torch.exp(-log_std)) ** 2
+    a = torch.exp(q.clamp(max=80.0))  # π N, clamped as in mixture._paper_first_stage
+    log_z = torch.logsumexp(torch.cat([a, a.new_full((a.shape[0], 1), lumped)], dim=1), dim=1, keepdim=True)
+    stage2 = torch.cat([torch.exp(a - log_z), torch.exp(-log_z)], dim=1) / spec.temperature  # φ'/τ
+    log_s = torch.logsumexp(torch.cat([stage2[:, :-1], stage2[:, -1:] + lumped], dim=1), dim=1, keepdim=True)
+    phi = torch.exp(stage2 - log_s)  # (n, NEARBY + 1): the nearby φ_c, then each lumped component's φ_l
+    phi_c, phi_l = phi[:, :-1], phi[:, -1]
+    m = (phi_c * mu).sum(-1) + phi_l * (means.sum(-1)[wid] - mu.sum(-1))
+    s = None
+    if second:
+        level_sq = mu * mu + torch.exp(2 * log_std)
+        all_sq = (means * means + torch.exp(2 * log_stds)).sum(-1)[wid]
+        s = (phi_c * level_sq).sum(-1) + phi_l * (all_sq - level_sq.sum(-1))
+    best = nearby.gather(1, phi_c.detach().argmax(-1, keepdim=True)).squeeze(1)
+    return m, s, (best - wid * k).to(torch.uint8)
 
 
 def _one_hot_moments(flat, means, log_stds, second):
@@ -209,14 +269,18 @@ def _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds):
     g_means.index_add_(0, flat, dm.double())
 
 
-def _full_grads(param_grads, g_theta, a, u, wid, leaves, theta, spec, gm, gv, lam):
-    """Recompute the full (n, K) block of the uncertain weights ``u`` (local to the chunk starting at
-    ``a``) and accumulate its gradients; returns their (m, s) values."""
+def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, theta, spec, gm, gv, lam):
+    """Recompute the uncovered weights of ``block`` with a graph and accumulate their gradients; returns
+    their (m, s) values."""
     means, log_stds, mixing_logits = leaves
-    th_leaf = theta[a:][u].detach().requires_grad_(g_theta is not None)
+    u = block.u
+    th_leaf = theta[block.a :][u].detach().requires_grad_(g_theta is not None)
     with torch.enable_grad():
         log_mix = F.log_softmax(mixing_logits, dim=-1)
-        m, s, _ = _full_moments(th_leaf, wid, means, log_stds, log_mix, spec, gv is not None)
+        second = gv is not None
+        m, s, _ = _uncovered_moments(
+            th_leaf, block.wid, block.near, block.table, means, log_stds, log_mix, spec, second
+        )
     outputs, grads_out = [m], [gm * lam]
     if gv is not None:
         gv = gv[u]
@@ -229,7 +293,7 @@ def _full_grads(param_grads, g_theta, a, u, wid, leaves, theta, spec, gm, gv, la
         if g is not None:
             acc += g.reshape(-1)
     if g_theta is not None and grads[3] is not None:
-        g_theta[a:].index_copy_(0, u, grads[3].to(g_theta.dtype))
+        g_theta[block.a :].index_copy_(0, u, grads[3].to(g_theta.dtype))
     return m.detach(), (s.detach() if s is not None else None)
 
 

@@ -33,9 +33,28 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CERTIFY_MARGIN", "BinTable", "bin_count", "bin_table", "certify_one_hot", "window_value_ranges"]
+__all__ = [
+    "CERTIFY_MARGIN",
+    "NEARBY",
+    "BinTable",
+    "bin_count",
+    "bin_index",
+    "bin_table",
+    "certify_one_hot",
+    "lump_log_density",
+    "window_value_ranges",
+]
 
 CERTIFY_MARGIN = 40.0  # nats: every non-winning φ_j ≤ e^{-40} on a certified weight
+NEARBY = 8  # components an uncovered weight is evaluated on when the others are negligible (paper formula)
+
+
+def lump_log_density(dtype: torch.dtype) -> float:
+    """log π N below which e^{π N} rounds to exactly 1 in ``dtype`` (π N < eps/2): such components are
+    indistinguishable in the paper's first softmax, so the full evaluation gives them one shared φ too."""
+    return math.log(torch.finfo(dtype).eps) - 1.0
+
+
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 _PAPER_CLAMP = 80.0  # the clamp of mixture._paper_first_stage
 
@@ -59,6 +78,9 @@ class BinTable:
     best: torch.Tensor  # (B,) uint8 component j_b within the owner's K
     mean_radius: torch.Tensor  # (B, 2): μ_{j_b}, and the radius |θ − μ_{j_b}| ≤ radius that certifies (−1: none)
     several_windows: bool  # whether a weight's window must be checked against the bin's owner
+    nearby: torch.Tensor  # (B, NEARBY) flat indices w·K + k of the bin's NEARBY largest Q_bk
+    lumpable: torch.Tensor  # (B,) bool: every other component has Q_bk ≤ lump_log_density (paper formula)
+    any_lumpable: bool
 
 
 def bin_table(
@@ -84,7 +106,8 @@ def bin_table(
     dist = torch.clamp(torch.maximum(left[:, None] - mu, mu - right[:, None]), min=0.0)
     peak = log_mixing[row] - log_std - _HALF_LOG_2PI
     bound = peak - 0.5 * dist * dist * torch.exp(-2 * log_std)  # Q_bk
-    top = torch.topk(torch.cat([bound, bound.new_full((bins, 2), -math.inf)], dim=1), 3, dim=1)
+    width_top = max(3, NEARBY + 1)
+    top = torch.topk(torch.cat([bound, bound.new_full((bins, width_top), -math.inf)], dim=1), width_top, dim=1)
     j = top.indices[:, :1]
     q_min = _certifying_log_density(top.values[:, 1], top.values[:, 2], kind, temperature, k)
     slack = peak.gather(1, j).squeeze(1) - q_min  # q_j(θ) = peak_j − ½ z² ≥ q_min  ⟺  |z| ≤ √(2·slack)
@@ -92,7 +115,17 @@ def bin_table(
     radius = torch.where((slack >= 0) & (owner >= 0), radius, torch.full_like(radius, -1.0))
     mean_radius = torch.stack([mu.gather(1, j).squeeze(1), radius], dim=1)
     owner_u8, best_u8 = owner.to(torch.uint8), j.squeeze(1).to(torch.uint8)
-    return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, num_windows > 1)
+    # under the paper's formula a component with π N ≤ e^-40 has e^{π N} = 1: all such share one φ
+    lumpable = (owner >= 0) & (top.values[:, NEARBY] <= lump_log_density(means.dtype)) & (kind == "paper")
+    lumpable &= k > NEARBY
+    nearby = top.indices[:, :NEARBY].clamp(max=k - 1) + row[:, None] * k
+    several = num_windows > 1
+    return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, several, nearby, lumpable, bool(lumpable.any()))
+
+
+def bin_index(theta: torch.Tensor, table: BinTable) -> torch.Tensor:
+    """The bin of each weight (int64)."""
+    return ((theta - table.low) * table.inv_width).long().clamp_(0, table.owner.numel() - 1)
 
 
 def window_value_ranges(theta: torch.Tensor, window_ids: torch.Tensor, num_windows: int) -> torch.Tensor:
@@ -137,7 +170,7 @@ def _certifying_log_density(rival, third, kind, temperature, k):
 def certify_one_hot(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTable):
     """(k* uint8 within the window, μ_{k*}, certified bool), each (n,), for flat weights ``theta`` of the
     tensor the table was built for. Where certified, k* = argmax_k φ_k(θ_i) and φ is one-hot."""
-    b = ((theta - table.low) * table.inv_width).long().clamp_(0, table.owner.numel() - 1)
+    b = bin_index(theta, table)
     mean_radius = table.mean_radius.index_select(0, b)  # index_select: faster than advanced indexing
     mean = mean_radius[:, 0].contiguous()
     certified = (theta - mean).abs() <= mean_radius[:, 1]
