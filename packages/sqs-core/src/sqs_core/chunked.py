@@ -99,8 +99,9 @@ class _PosteriorMoments(torch.autograd.Function):
     """θ^avg_i = λ̃_i Σ_k φ_ik μ_k and (optionally) Var_q(θ̃_i); also k*_i = argmax_k φ_ik.
 
     Weights certified one-hot (:mod:`sqs_core.onehot`) cost O(1) each: θ^avg = λ̃ μ_{k*}, and their
-    gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest take the full (n, K) evaluation,
-    recomputed in backward. Windows are handled by gathering each weight's row of (W, K) parameters.
+    gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest are evaluated on their bin's
+    NEARBY components plus one lumped term where the paper's formula allows it exactly, else on all K;
+    both recomputed in backward. Windows are handled by gathering each weight's row of (W, K) parameters.
     """
 
     @staticmethod
