@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .mixture import bernoulli_kl, component_log_density, log_responsibilities
+from .mixture import PAPER_CLAMP, bernoulli_kl, component_log_density, log_responsibilities
 from .onehot import NEARBY, BinTable, bin_index, bin_table, certify_one_hot
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
 ]
 
 CHUNK_ELEMENTS = 1 << 20  # elements of one (n, K) block
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 @dataclass(frozen=True)
@@ -50,26 +49,18 @@ def _chunk_ranges(numel: int, num_components: int) -> Iterator[tuple[int, int]]:
         yield start, min(numel, start + step)
 
 
-def _window_selections(window_ids: torch.Tensor, num_windows: int):
-    """(window, local index or None for 'all of the chunk') for each non-empty window in a chunk."""
-    if num_windows == 1:
-        yield 0, None
-        return
-    for w in range(num_windows):
-        sel = (window_ids == w).nonzero().squeeze(1)
-        if sel.numel():
-            yield w, sel
+def _log_phi_rows(th, wid, means, log_stds, log_mix, kind, temperature):
+    """log φ (n, K) of flat weights ``th``, each with the components of its window ``wid`` (int64)."""
+    q = component_log_density(th, means[wid], log_stds[wid], log_mix[wid])  # row i: window wid_i
+    return log_responsibilities(q, kind, temperature)
 
 
+@torch.no_grad()
 def responsibility_blocks(theta, window_ids, means, log_stds, mixing_logits, kind, temperature):
-    """Yield ``(start, end, local_index, window, log_phi)`` blocks covering all weights (no graph kept)."""
-    num_windows, k = means.shape
+    """Yield ``(start, end, log_phi)`` blocks of CHUNK_ELEMENTS // K weights covering all weights."""
     log_mix = F.log_softmax(mixing_logits, dim=-1)
-    for a, b in _chunk_ranges(theta.numel(), k):
-        for w, sel in _window_selections(window_ids[a:b], num_windows):
-            th = theta[a:b] if sel is None else theta[a:b][sel]
-            q = component_log_density(th, means[w], log_stds[w], log_mix[w])
-            yield a, b, sel, w, log_responsibilities(q, kind, temperature)
+    for a, b in _chunk_ranges(theta.numel(), means.shape[1]):
+        yield a, b, _log_phi_rows(theta[a:b], window_ids[a:b].long(), means, log_stds, log_mix, kind, temperature)
 
 
 @torch.no_grad()
@@ -89,10 +80,9 @@ def certified_levels(theta, window_ids, means, log_stds, mixing_logits, kind, te
 def uncertain_log_responsibilities(theta, window_ids, certified, means, log_stds, mixing_logits, kind, temperature):
     """Yield ``(flat index (n,), log φ (n, K))`` blocks covering the weights that are not certified."""
     log_mix = F.log_softmax(mixing_logits, dim=-1)
-    spec = PosteriorSpec(kind=kind, temperature=temperature, gate_temperature=1.0)
     for index in _uncertain_chunks(certified, means.shape[1]):
         wid = window_ids[index].long()
-        yield index, _full_moments(theta[index], wid, means, log_stds, log_mix, spec, False)[2]
+        yield index, _log_phi_rows(theta[index], wid, means, log_stds, log_mix, kind, temperature)
 
 
 class _PosteriorMoments(torch.autograd.Function):
@@ -118,8 +108,7 @@ class _PosteriorMoments(torch.autograd.Function):
         for a, b in _chunk_ranges(theta.numel(), 1):
             th, wid = theta[a:b], window_ids[a:b]
             ks, m, cert = certify_one_hot(th, wid, table)
-            flat = _flat_index(wid, ks, means.shape[0], k) if second else None
-            s = m * m + torch.exp(2 * log_stds.detach().reshape(-1).index_select(0, flat)) if second else None
+            s = _level_second_moment(m, _flat_index(wid, ks, means.shape[0], k), log_stds) if second else None
             for u, near in _uncovered_chunks(th, wid, cert, table, k):
                 moments = _uncovered_moments(th[u], wid[u].long(), near, table, means, log_stds, log_mix, spec, second)
                 m[u], s_u, ks[u] = moments
@@ -220,8 +209,8 @@ def _nearby_moments(th, wid, nearby, means, log_stds, log_mix, spec, second):
     k = means.shape[1]
     lumped = math.log(k - nearby.shape[1])
     mu, log_std = means.reshape(-1)[nearby], log_stds.reshape(-1)[nearby]
-    q = log_mix.reshape(-1)[nearby] - log_std - _HALF_LOG_2PI - 0.5 * ((th[:, None] - mu) * torch.exp(-log_std)) ** 2
-    a = torch.exp(q.clamp(max=80.0))  # π N, clamped as in mixture._paper_first_stage
+    q = component_log_density(th, mu, log_std, log_mix.reshape(-1)[nearby])  # (n, NEARBY)
+    a = torch.exp(q.clamp(max=PAPER_CLAMP))  # π N, clamped as in the full first stage
     log_z = torch.logsumexp(torch.cat([a, a.new_full((a.shape[0], 1), lumped)], dim=1), dim=1, keepdim=True)
     stage2 = torch.cat([torch.exp(a - log_z), torch.exp(-log_z)], dim=1) / spec.temperature  # φ'/τ
     log_s = torch.logsumexp(torch.cat([stage2[:, :-1], stage2[:, -1:] + lumped], dim=1), dim=1, keepdim=True)
@@ -240,15 +229,18 @@ def _nearby_moments(th, wid, nearby, means, log_stds, log_mix, spec, second):
 def _one_hot_moments(flat, means, log_stds, second):
     """(μ_{k*}, μ_{k*}² + σ_{k*}² or None) at flat component indices: the moments of a one-hot φ."""
     m = means.detach().reshape(-1).index_select(0, flat)
-    s = m * m + torch.exp(2 * log_stds.detach().reshape(-1).index_select(0, flat)) if second else None
-    return m, s
+    return m, (_level_second_moment(m, flat, log_stds) if second else None)
+
+
+def _level_second_moment(m, flat, log_stds):
+    """μ² + σ² of the components at flat indices ``flat`` whose means are ``m``."""
+    return m * m + torch.exp(2 * log_stds.detach().reshape(-1).index_select(0, flat))
 
 
 def _full_moments(th, wid, means, log_stds, log_mix, spec, second):
     """(m, s or None, log φ) of the full (n, K) evaluation, each weight with its window's components."""
     mu, log_std = means[wid], log_stds[wid]
-    q = component_log_density(th, mu, log_std, log_mix[wid])  # (n, K): row i holds window wid_i's components
-    log_phi = log_responsibilities(q, spec.kind, spec.temperature)
+    log_phi = _log_phi_rows(th, wid, means, log_stds, log_mix, spec.kind, spec.temperature)
     phi = log_phi.exp()
     m = (phi * mu).sum(-1)
     s = (phi * (mu * mu + torch.exp(2 * log_std))).sum(-1) if second else None

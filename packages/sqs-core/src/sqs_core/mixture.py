@@ -20,13 +20,16 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "HALF_LOG_2PI",
+    "PAPER_CLAMP",
     "bernoulli_kl",
     "component_log_density",
     "gaussian_kl",
     "log_responsibilities",
 ]
 
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+PAPER_CLAMP = 80.0  # log π N is clamped here before exp in the paper's first stage (π N ≤ e^80 ≈ 5.5e34)
 
 
 def component_log_density(
@@ -34,7 +37,7 @@ def component_log_density(
 ) -> torch.Tensor:
     """q_ik = log π_k + log N(θ_i | μ_k, σ_k²), shape (n, K)."""
     z = (theta[:, None] - means) * torch.exp(-log_stds)
-    return log_mixing - log_stds - _HALF_LOG_2PI - 0.5 * z * z
+    return log_mixing - log_stds - HALF_LOG_2PI - 0.5 * z * z
 
 
 def log_responsibilities(q: torch.Tensor, kind: str, temperature: float) -> torch.Tensor:
@@ -48,7 +51,7 @@ def log_responsibilities(q: torch.Tensor, kind: str, temperature: float) -> torc
 
 def _paper_first_stage(q: torch.Tensor) -> torch.Tensor:
     """φ'_k = softmax_k(exp(q_k)), stable for large q (exp(q) is clamped only where it would overflow)."""
-    a = torch.exp(q.clamp(max=80.0))  # π N ≤ e^80 ≈ 5.5e34: far beyond any σ a float32 weight has
+    a = torch.exp(q.clamp(max=PAPER_CLAMP))  # far beyond any σ a float32 weight has
     return torch.softmax(a, dim=-1)
 
 

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .mixture import HALF_LOG_2PI, PAPER_CLAMP
+
 __all__ = [
     "CERTIFY_MARGIN",
     "NEARBY",
@@ -53,10 +55,6 @@ def lump_log_density(dtype: torch.dtype) -> float:
     """log π N below which e^{π N} rounds to exactly 1 in ``dtype`` (π N < eps/2): such components are
     indistinguishable in the paper's first softmax, so the full evaluation gives them one shared φ too."""
     return math.log(torch.finfo(dtype).eps) - 1.0
-
-
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
-_PAPER_CLAMP = 80.0  # the clamp of mixture._paper_first_stage
 
 
 MIN_BINS, MAX_BINS = 256, 1 << 16  # bins: T/4 within these, so the table costs ≤ T·K/4
@@ -104,7 +102,7 @@ def bin_table(
     row = owner.clamp(min=0)
     mu, log_std = means[row], log_stds[row]  # (B, K): each bin with its owner's components
     dist = torch.clamp(torch.maximum(left[:, None] - mu, mu - right[:, None]), min=0.0)
-    peak = log_mixing[row] - log_std - _HALF_LOG_2PI
+    peak = log_mixing[row] - log_std - HALF_LOG_2PI
     bound = peak - 0.5 * dist * dist * torch.exp(-2 * log_std)  # Q_bk
     width_top = max(3, NEARBY + 1)
     top = torch.topk(torch.cat([bound, bound.new_full((bins, width_top), -math.inf)], dim=1), width_top, dim=1)
@@ -115,7 +113,7 @@ def bin_table(
     radius = torch.where((slack >= 0) & (owner >= 0), radius, torch.full_like(radius, -1.0))
     mean_radius = torch.stack([mu.gather(1, j).squeeze(1), radius], dim=1)
     owner_u8, best_u8 = owner.to(torch.uint8), j.squeeze(1).to(torch.uint8)
-    # under the paper's formula a component with π N ≤ e^-40 has e^{π N} = 1: all such share one φ
+    # under the paper's formula a component whose e^{π N} rounds to 1 shares one φ with all such
     lumpable = (owner >= 0) & (top.values[:, NEARBY] <= lump_log_density(means.dtype)) & (kind == "paper")
     lumpable &= k > NEARBY
     nearby = top.indices[:, :NEARBY].clamp(max=k - 1) + row[:, None] * k
@@ -160,11 +158,11 @@ def _certifying_log_density(rival, third, kind, temperature, k):
         return torch.full_like(rival, math.inf if need >= 1 else -math.inf)
     # With a* = e^{q*}, x = a* − e^U: r = e^{-x}, r3 = c3·e^{-x}, c3 = exp(e^{U3} − e^U); the gap
     # (1 − r)/(1 + r + (K−2) r3) ≥ need  ⟺  x ≥ log(1 + need(1 + (K−2) c3)) − log(1 − need).
-    a_rival = torch.exp(rival.clamp(max=_PAPER_CLAMP))
-    c3 = torch.exp(torch.exp(third.clamp(max=_PAPER_CLAMP)) - a_rival)
+    a_rival = torch.exp(rival.clamp(max=PAPER_CLAMP))
+    c3 = torch.exp(torch.exp(third.clamp(max=PAPER_CLAMP)) - a_rival)
     x_min = torch.log1p(need * (1 + (k - 2) * c3)) - math.log1p(-need)
     q_min = torch.log(a_rival + x_min)
-    return torch.where(q_min <= _PAPER_CLAMP, q_min, torch.full_like(q_min, math.inf))  # a is clamped at e^80
+    return torch.where(q_min <= PAPER_CLAMP, q_min, torch.full_like(q_min, math.inf))  # a is clamped at e^80
 
 
 def certify_one_hot(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTable):

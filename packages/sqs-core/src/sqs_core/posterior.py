@@ -168,15 +168,12 @@ class SpikeGMMPosterior(nn.Module):
         )
 
     # -- inference ----------------------------------------------------------------------------------
-    def _blocks(self):
-        return responsibility_blocks(*self._flat_inputs())
-
     @torch.no_grad()
     def responsibilities(self) -> torch.Tensor:
         """φ (T, K) in flat weight order. Materialises T·K numbers: for inspection and tests."""
         out = torch.empty(self.weight.numel(), self.num_components, dtype=self.means.dtype, device=self.weight.device)
-        for a, b, sel, _w, log_phi in self._blocks():
-            _scatter(out, a, b, sel, log_phi.exp())
+        for a, b, log_phi in responsibility_blocks(*self._flat_inputs()):
+            out[a:b] = log_phi.exp()
         return out
 
     def _flat_inputs(self):
@@ -191,7 +188,7 @@ class SpikeGMMPosterior(nn.Module):
         )
 
     def _levels_and_uncertain(self):
-        """(k* for the certified weights, certified mask, generator of (index, log φ) for the rest)."""
+        """(k*, meaningful where certified; a generator of (flat index, log φ) for the uncertified rest)."""
         theta, wid, means, log_stds, mixing, kind, temperature = self._flat_inputs()
         kstar, certified = certified_levels(theta, wid, means, log_stds, mixing, kind, temperature)
         blocks = uncertain_log_responsibilities(theta, wid, certified, means, log_stds, mixing, kind, temperature)
@@ -237,13 +234,6 @@ class SpikeGMMPosterior(nn.Module):
 def sampling_probs(phi: torch.Tensor) -> torch.Tensor:
     """The discrete inference distribution's (unnormalised) probabilities from φ (see SAMPLING_FLOOR)."""
     return torch.where(phi >= SAMPLING_FLOOR, phi, torch.zeros_like(phi)).half().float()
-
-
-def _scatter(out: torch.Tensor, a: int, b: int, sel, values: torch.Tensor) -> None:
-    if sel is None:
-        out[a:b] = values
-    else:
-        out[a:b].index_copy_(0, sel, values)
 
 
 def _initial_gate_logits(theta: torch.Tensor, config: SQSConfig) -> torch.Tensor:
