@@ -215,9 +215,11 @@ def _metrics(config: dict, record: dict, fp32: dict, primary: dict, n_test: int)
 def run_config(config: dict, data_dir: str | Path | None, out_dir: Path, cache: dict | None = None) -> dict:
     """Run one configuration, write ``<out_dir>/<run_id>.json`` and return the result."""
     cache = {} if cache is None else cache
-    # the commit of the code this process runs: read once, before any training, so a commit made while
-    # a long suite runs is not recorded for results computed with the code loaded earlier
-    commit = cache.setdefault("git_commit", git_commit())
+    # the commit of the code this process runs: read once per suite, before its first training, so a
+    # commit made while a long suite runs is not recorded for results computed with the code loaded earlier
+    if "git_commit" not in cache:
+        cache["git_commit"] = git_commit()
+    commit = cache["git_commit"]
     torch.manual_seed(config.get("seed", 0))
     data = _data(config, data_dir, cache)
     num_classes = _NUM_CLASSES[config.get("dataset", "cifar10")]
@@ -271,7 +273,7 @@ def run_suite(
 ) -> list[dict]:
     """Run every configuration of ``suite`` × ``tier`` (optionally filtered by ``only``)."""
     configs = [c for c in suite_configs(suite, tier) if only is None or only(c)]
-    cache: dict = {"git_commit": git_commit()}
+    cache: dict = {}
     check_requirements(configs, data_dir, cache)
     results = []
     for config in configs:
