@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import sqs_core as sqs
 import torch
+from sqs_core.selection import keep_top_fraction
 
 from .hellinger import bootstrap_slope_ci, fit_slope, hellinger_sq
 from .hspace import in_h
@@ -36,11 +37,11 @@ from .student import StudentSpec, fit_student
 from .synthetic import (
     LEVELS,
     fit_full_precision,
-    gaussian_nll,
     layers,
     make_teacher,
     sample_data,
     teacher_theta,
+    training_nll,
 )
 
 __all__ = [
@@ -151,20 +152,14 @@ def _variants(tier: Tier, n: int) -> list[StudentSpec]:
 
 
 @torch.no_grad()
-def _nll(model, x, y, sigma: float) -> float:
-    return float(gaussian_nll(model, x, y, sigma))
-
-
-@torch.no_grad()
 def _gate_diagnostics(model, canonical, density: float) -> dict:
     """Extreme gate logits s̃/τ' of kept / pruned weights at the end, and whether the kept set is still the
     support the projection started from (the ELBO could have moved it)."""
     posts = sqs.posteriors(model)
     logits = torch.cat([(p.gate_logits / p.gate_temperature).reshape(-1) for p in posts.values()])
     mask = torch.cat([p.mask.reshape(-1) for p in posts.values()])
-    start = torch.cat([layer.weight.reshape(-1).abs() for layer in layers(canonical)])
-    initial = torch.zeros_like(mask)
-    initial[torch.argsort(start, descending=True, stable=True)[: round(density * start.numel())]] = True
+    start = keep_top_fraction({str(i): layer.weight.abs() for i, layer in enumerate(layers(canonical))}, density)
+    initial = torch.cat([m.reshape(-1) for m in start.values()])
     return {
         "gate_logit_kept_min": float(logits[mask].min()) if mask.any() else None,
         "gate_logit_pruned_max": float(logits[~mask].max()) if (~mask).any() else None,
@@ -215,7 +210,7 @@ def fit_point(tier: Tier, n: int, seed: int) -> list[dict]:
             "n": n, "seed": seed, "variant": spec.key, "prior": spec.prior, "init": spec.init,
             "likelihood": spec.likelihood, **risk, "hellinger_sq_fp": h_fp,
             "fp_nll": fp.nll, "fp_restart_nlls": list(fp.restart_nlls), "projection_nll": canon.nll,
-            "greedy_train_nll": _nll(model, x, y, tier.sigma), **gates, **rec,
+            "greedy_train_nll": training_nll(model, x, y, tier.sigma), **gates, **rec,
             "greedy_W1": greedy_w1.tolist(), "greedy_W2": greedy_w2.tolist(),
             "wall_s": time.perf_counter() - start + fp_time,
         })  # fmt: skip

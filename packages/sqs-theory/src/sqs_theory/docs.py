@@ -14,7 +14,8 @@ import numpy as np
 
 from .checks import all_verdicts
 from .errata import Erratum, build_errata
-from .verdict import Verdict, format_markdown
+from .hellinger import parametric_reference
+from .verdict import Verdict, format_markdown, markdown_cell
 
 __all__ = ["BLOCKS", "convergence_block", "errata_block", "generated_blocks", "render", "verdict_block"]
 
@@ -39,7 +40,7 @@ def verdict_block(verdicts: Sequence[Verdict]) -> str:
 
 def errata_block(errata: Sequence[Erratum]) -> str:
     lines = ["| id | severity | one line |", "| --- | --- | --- |"]
-    lines += [f"| {e.id} | {e.severity} | {e.summary.replace('|', chr(92) + '|')} |" for e in errata]
+    lines += [f"| {e.id} | {e.severity} | {markdown_cell(e.summary)} |" for e in errata]
     return "\n".join(lines) + "\n"
 
 
@@ -72,9 +73,10 @@ def _per_n_table(result: Mapping) -> list[str]:
     head = "| n | fits | median ∫d² dq̂ | IQR | n × median | k/(8n) | local slope | median d² FP | support exact | mean FP | level acc. |"  # noqa: E501
     lines = [head, "|" + " --- |" * 11]
     for r in result["summary"]:
+        parametric = float(parametric_reference(k, r["n"]))
         lines.append(
             f"| {r['n']} | {r['fits']} | {_g(r['median'])} | {_g(r['q25'])}–{_g(r['q75'])} | {_g(r['n_times_median'])} "
-            f"| {_g(k / (8 * r['n']))} | {_g(r.get('local_slope'), 2)} | {_g(r['median_fp'])} "
+            f"| {_g(parametric)} | {_g(r.get('local_slope'), 2)} | {_g(r['median_fp'])} "
             f"| {r['support_exact']:.2f} | {r['false_positive_mean']:.2f} | {r['level_accuracy_mean']:.2f} |"
         )
     return lines

@@ -92,7 +92,7 @@ def _details(check: Callable[[], Any]) -> Callable[[], dict[str, Any]]:
 
 def _w_dominant() -> dict[str, Any]:
     under, over = (A.check_dominant_component(m, 1.0) for m in A.dominant_counterexamples().values())
-    exact = kl_spike_slab_smoothed(0.5, A.dominant_counterexamples()["under"], 0.1, 1.0, spike_sd=1e-6)
+    exact = kl_spike_slab_smoothed(0.5, _under(), 0.1, 1.0, spike_sd=1e-6)
     return {
         "under_phi=(0.6,0.4)_mu=(0,3)_var=(1,0.01)": {k: under[k] for k in ("kl_true", "kl_dominant")},
         "over_phi=(0.55,0.45)_mu=(2,-2)_var=(1,1)": {k: over[k] for k in ("kl_true", "kl_dominant")},

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .hellinger import parametric_reference
+
 __all__ = ["plot_convergence"]
 
 
@@ -32,7 +34,7 @@ def _risk_panel(ax, result: dict, main: list[dict], by_variant: dict[str, list[d
     ns = np.geomspace(min(q["n"] for q in main), max(q["n"] for q in main), 50)
     ref = result["theory"]["parametric"]
     for k, style in ((ref["k_sqs"], "k--"), (ref["k_fp"], "k:")):
-        ax.loglog(ns, k / (8 * ns), style, lw=0.8, label=f"k/(8n), k={k}")
+        ax.loglog(ns, parametric_reference(k, ns), style, lw=0.8, label=f"k/(8n), k={k}")
     if result.get("slope") is not None:
         fit = result["slopes"][result["main_variant"]]["hellinger_sq"]
         lo, hi = result["slope_ci"]

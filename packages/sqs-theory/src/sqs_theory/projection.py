@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.optimize import minimize_scalar
 from torch import nn
 
 from .hspace import quantize_exact
-from .synthetic import gaussian_nll, layers
+from .recovery import best_unit_scale
+from .synthetic import layers, mlp_from_weights, training_nll
 
 __all__ = ["Canonical", "canonicalize_", "project_rescaled"]
 
@@ -51,16 +51,6 @@ def _quantize_layers(a1: np.ndarray, a2: np.ndarray, s: int, k: int) -> tuple[np
             q[mask] = quantize_exact(a[mask], K=k, B=float(np.abs(a).max()) + 1.0).theta
         out.append(q)
     return out[0], out[1]
-
-
-def _best_scale(w1_j: np.ndarray, w2_j: float, q1_j: np.ndarray, q2_j: float) -> float:
-    """The continuous step: c minimising ‖c w1_j − Q1_j‖² + (w2_j / c − Q2_j)² for fixed Q."""
-
-    def cost(log_c: float) -> float:
-        c = np.exp(log_c)
-        return float(np.sum((c * w1_j - q1_j) ** 2) + (w2_j / c - q2_j) ** 2)
-
-    return float(np.exp(minimize_scalar(cost, bounds=(-3.0, 3.0), method="bounded").x))
 
 
 def _snap(values: np.ndarray, kept: np.ndarray, levels: np.ndarray) -> np.ndarray:
@@ -105,16 +95,9 @@ def project_rescaled(w1, w2, *, s: int, k: int, scales, iterations: int = 50):
         c = np.array([_jump_scale(w1[j], w2[0, j], q1[j], q2[0, j], levels1, levels2, c[j]) for j in range(c.size)])
         q1 = np.stack([_snap(c[j] * w1[j], q1[j] != 0, levels1) for j in range(c.size)])
         q2 = _snap(w2 / c[None, :], q2 != 0, levels2)
-        c = np.array([_best_scale(w1[j], w2[0, j], q1[j], q2[0, j]) for j in range(c.size)])
+        # the continuous step: c_j minimising ‖c w1_j − Q1_j‖² + (w2_j / c − Q2_j)² for fixed Q
+        c = np.array([best_unit_scale(w1[j], w2[0, j], q1[j], q2[0, j]) for j in range(c.size)])
     return best
-
-
-def _nll_of(q1: np.ndarray, q2: np.ndarray, x, y, sigma: float) -> float:
-    first, last = nn.Linear(q1.shape[1], q1.shape[0], bias=False), nn.Linear(q1.shape[0], 1, bias=False)
-    with torch.no_grad():
-        first.weight.copy_(torch.tensor(q1, dtype=first.weight.dtype))
-        last.weight.copy_(torch.tensor(q2, dtype=last.weight.dtype))
-        return float(gaussian_nll(nn.Sequential(first, nn.ReLU(), last), x, y, sigma))
 
 
 @torch.no_grad()
@@ -132,7 +115,7 @@ def canonicalize_(model: nn.Module, x, y, *, sigma: float, s: int, k: int, start
     best: Canonical | None = None
     for c0 in inits:
         c, q1, q2, distance = project_rescaled(w1, w2, s=s, k=k, scales=c0)
-        nll = _nll_of(q1, q2, x, y, sigma)
+        nll = training_nll(mlp_from_weights(q1, q2), x, y, sigma)
         if best is None or nll < best.nll:
             best = Canonical(scales=c, q1=q1, q2=q2, distance=distance, nll=nll)
     if best is None:

@@ -52,9 +52,12 @@ def s_n(s: float, n: float, delta: float) -> float:
     return s * math.log(n) ** (2 * delta - 1)
 
 
-def neg_log_lambda(n: float, L: int, N: int, p: int, delta: float) -> float:
-    """``-log lambda = log T + delta [(L + 1) log N + log(sqrt(n) p)]`` (Theorem ``formal_convergence``)."""
-    T = n_params(L, N, p)
+def neg_log_lambda(n: float, L: int, N: int, p: int, delta: float, *, T: int | None = None) -> float:
+    """``-log lambda = log T + delta [(L + 1) log N + log(sqrt(n) p)]`` (Theorem ``formal_convergence``).
+
+    ``T`` defaults to :func:`n_params` (weights and biases); pass the parameter count of another architecture.
+    """
+    T = n_params(L, N, p) if T is None else T
     return math.log(T) + delta * ((L + 1) * math.log(N) + math.log(math.sqrt(n) * p))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment, minimize_scalar
 
-__all__ = ["match_units", "recovery"]
+__all__ = ["best_unit_scale", "match_units", "recovery"]
 
 
 def match_units(t1: np.ndarray, t2: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
@@ -25,9 +25,10 @@ def match_units(t1: np.ndarray, t2: np.ndarray, s1: np.ndarray, s2: np.ndarray) 
     return perm
 
 
-def _best_rescaling(s1: np.ndarray, s2: np.ndarray, t1: np.ndarray, t2: np.ndarray) -> float:
-    """c > 0 minimising ‖c·s1 − t1‖² + ‖s2 / c − t2‖² (over the given entries of one unit)."""
-    if s1.size + s2.size == 0:
+def best_unit_scale(s1, s2, t1, t2) -> float:
+    """c > 0 minimising ‖c·s1 − t1‖² + ‖s2 / c − t2‖² over log c in [−3, 3] (one unit's input weights s1 and
+    output weight(s) s2 against targets t1, t2); 1 when the unit has no entries."""
+    if np.size(s1) + np.size(s2) == 0:
         return 1.0
 
     def cost(log_c: float) -> float:
@@ -46,7 +47,7 @@ def recovery(teacher_w1, teacher_w2, w1, w2, *, levels) -> dict:
     s1, s2 = w1[perm], w2[:, perm]
     kept1, kept2, true1, true2 = s1 != 0, s2 != 0, t1 != 0, t2 != 0
     tp1, tp2 = kept1 & true1, kept2 & true2
-    c = np.array([_best_rescaling(s1[j, tp1[j]], s2[tp2[:, j], j], t1[j, tp1[j]], t2[tp2[:, j], j])
+    c = np.array([best_unit_scale(s1[j, tp1[j]], s2[tp2[:, j], j], t1[j, tp1[j]], t2[tp2[:, j], j])
                   for j in range(t1.shape[0])])  # fmt: skip
     raw = np.concatenate([s1[tp1] - t1[tp1], s2[tp2] - t2[tp2]])
     scaled_s = np.concatenate([(c[:, None] * s1)[tp1], (s2 / c[None, :])[tp2]])

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 import sqs_core as sqs
 import torch
+from sqs_core.selection import keep_top_fraction
 from torch import nn
 
 from .hspace import quantize_exact
-from .rates import log_sigma_n_sq
+from .rates import log_sigma_n_sq, neg_log_lambda
 from .synthetic import LEVELS, gaussian_nll, layers
 
 __all__ = ["INITS", "LIKELIHOODS", "PRIORS", "StudentSpec", "fit_student", "proof_log_std", "theorem_keep_prob"]
@@ -42,7 +43,7 @@ LIKELIHOODS = ("moment_matched", "plugin")
 
 def theorem_keep_prob(n: int, *, T: int, L: int, N: int, p: int, delta: float) -> float:
     """λ of Theorem ``formal_convergence``: −log λ = log T + δ[(L + 1) log N + log(√n p)] (T: weights here)."""
-    return math.exp(-(math.log(T) + delta * ((L + 1) * math.log(N) + math.log(math.sqrt(n) * p))))
+    return math.exp(-neg_log_lambda(n, L, N, p, delta, T=T))
 
 
 def proof_log_std(n: int, *, s: int, N: int, p: int, B: float) -> float:
@@ -67,19 +68,6 @@ def _config(init: str, prior: str, *, keep_prob: float, likelihood: str) -> sqs.
     )
 
 
-def _support(model: nn.Module, density: float) -> dict[str, torch.Tensor]:
-    """The round(density·T) largest |θ| over all layers (ties: first position), as per-layer bool masks."""
-    posts = sqs.posteriors(model)
-    flat = torch.cat([p.weight.detach().reshape(-1).abs() for p in posts.values()])
-    keep = torch.zeros_like(flat, dtype=torch.bool)
-    keep[torch.argsort(flat, descending=True, stable=True)[: round(density * flat.numel())]] = True
-    out, start = {}, 0
-    for name, p in posts.items():
-        out[name] = keep[start : start + p.weight.numel()].reshape(p.weight.shape)
-        start += p.weight.numel()
-    return out
-
-
 def _levels(kept: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(μ (k,), mixing (k,)) of the exact k-level quantization of ``kept``; spare components never win."""
     if kept.size == 0:
@@ -95,8 +83,10 @@ def _levels(kept: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 @torch.no_grad()
 def _init_at_projection_(model: nn.Module, *, density: float, gate_logit: float, log_std: float) -> None:
-    support = _support(model, density)
-    for name, p in sqs.posteriors(model).items():
+    posts = sqs.posteriors(model)
+    # the round(density·T) largest |θ| over all layers (ties: first position), sqs-core's Non-zero rule
+    support = keep_top_fraction({name: p.weight.abs() for name, p in posts.items()}, density)
+    for name, p in posts.items():
         keep = support[name]
         means, mix = _levels(p.weight[keep].double().numpy(), p.num_components)
         p.means.copy_(torch.tensor(means, dtype=p.means.dtype).expand_as(p.means))

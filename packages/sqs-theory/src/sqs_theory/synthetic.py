@@ -28,8 +28,10 @@ __all__ = [
     "gaussian_nll",
     "layers",
     "make_teacher",
+    "mlp_from_weights",
     "sample_data",
     "teacher_theta",
+    "training_nll",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,17 @@ def _mlp(p: int, width: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(p, width, bias=False), nn.ReLU(), nn.Linear(width, 1, bias=False))
 
 
+def mlp_from_weights(w1, w2) -> nn.Sequential:
+    """The bias-free ReLU MLP ``p -> width -> 1`` with W1 = ``w1`` (width, p) and W2 = ``w2`` (1, width), float32."""
+    w1, w2 = np.asarray(w1), np.asarray(w2)
+    model = _mlp(w1.shape[1], w1.shape[0])
+    first, last = layers(model)
+    with torch.no_grad():
+        first.weight.copy_(torch.tensor(w1, dtype=torch.float32))
+        last.weight.copy_(torch.tensor(w2, dtype=torch.float32))
+    return model
+
+
 def make_teacher(p: int = 4, width: int = 6, seed: int = 0) -> nn.Sequential:
     """f0 in H(T, s = 3·width, K = 4): unit j has weight +|l| on input a_j, -|l'| on b_j and output level v_j."""
     if p < 2 or width < 1 or width > p * (p - 1):
@@ -64,12 +77,7 @@ def make_teacher(p: int = 4, width: int = 6, seed: int = 0) -> nn.Sequential:
         a, b = pairs[index]
         w1[j, a], w1[j, b] = rng.choice(positive), -rng.choice(positive)
         w2[0, j] = rng.choice(LEVELS)
-    model = _mlp(p, width)
-    first, last = layers(model)
-    with torch.no_grad():
-        first.weight.copy_(torch.tensor(w1, dtype=torch.float32))
-        last.weight.copy_(torch.tensor(w2, dtype=torch.float32))
-    return model.requires_grad_(False)
+    return mlp_from_weights(w1, w2).requires_grad_(False)
 
 
 def teacher_theta(model: nn.Module) -> np.ndarray:
@@ -91,6 +99,12 @@ def sample_data(teacher: nn.Module, n: int, sigma: float, generator: torch.Gener
 def gaussian_nll(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float) -> torch.Tensor:
     """Batch-mean −log p(y|x, θ) up to a constant: mean (y − f_θ(x))² / (2σ²), σ known (Section 3.2)."""
     return ((y - model(x)) ** 2).mean() / (2.0 * sigma**2)
+
+
+@torch.no_grad()
+def training_nll(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float) -> float:
+    """:func:`gaussian_nll` as a float, without gradients (the NLL reported for a fitted network)."""
+    return float(gaussian_nll(model, x, y, sigma))
 
 
 @dataclass(frozen=True)
@@ -118,8 +132,7 @@ def _lbfgs(model: nn.Module, x, y, sigma: float, max_iter: int) -> float:
         return loss
 
     opt.step(closure)
-    with torch.no_grad():
-        return float(gaussian_nll(model, x, y, sigma))
+    return training_nll(model, x, y, sigma)
 
 
 def fit_full_precision(

@@ -14,6 +14,7 @@ __all__ = [
     "equality",
     "format_markdown",
     "format_table",
+    "markdown_cell",
     "ratio_at_most_one",
     "upper_bound",
 ]
@@ -113,12 +114,20 @@ def _short(value: Any) -> str:
     return str(value)
 
 
+def _first_details(v: Verdict, detail_keys: int) -> str:
+    return ", ".join(f"{k}={_short(x)}" for k, x in list(v.details.items())[:detail_keys])
+
+
+def markdown_cell(text: str) -> str:
+    """``text`` for a GitHub markdown table cell (``|`` escaped)."""
+    return text.replace("|", "\\|")
+
+
 def format_table(verdicts: Sequence[Verdict], *, detail_keys: int = 3) -> str:
     """A plain-text table: name | kind | holds | location | first few details."""
     rows = [("check", "kind", "claim holds", "location", "details")]
     for v in verdicts:
-        det = ", ".join(f"{k}={_short(x)}" for k, x in list(v.details.items())[:detail_keys])
-        rows.append((v.name, v.kind, "yes" if v.holds else "NO", v.location, det))
+        rows.append((v.name, v.kind, "yes" if v.holds else "NO", v.location, _first_details(v, detail_keys)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = []
     for i, r in enumerate(rows):
@@ -130,13 +139,8 @@ def format_table(verdicts: Sequence[Verdict], *, detail_keys: int = 3) -> str:
 
 def format_markdown(verdicts: Sequence[Verdict], *, detail_keys: int = 3) -> str:
     """The table of :func:`format_table` as GitHub markdown (``|`` in text escaped)."""
-
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
-
     lines = ["| check | kind | claim holds | location | details |", "| --- | --- | --- | --- | --- |"]
     for v in verdicts:
-        det = ", ".join(f"{k}={_short(x)}" for k, x in list(v.details.items())[:detail_keys])
-        row = (v.name, v.kind, "yes" if v.holds else "**NO**", v.location, det)
-        lines.append("| " + " | ".join(cell(c) for c in row) + " |")
+        row = (v.name, v.kind, "yes" if v.holds else "**NO**", v.location, _first_details(v, detail_keys))
+        lines.append("| " + " | ".join(markdown_cell(c) for c in row) + " |")
     return "\n".join(lines)
