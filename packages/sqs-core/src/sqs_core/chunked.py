@@ -50,7 +50,8 @@ def _chunk_ranges(numel: int, num_components: int) -> Iterator[tuple[int, int]]:
 
 
 def _log_phi_rows(th, wid, means, log_stds, log_mix, kind, temperature):
-    """log φ (n, K) of flat weights ``th``, each with the components of its window ``wid`` (int64)."""
+    """log φ (n, K) of flat weights ``th``, each with the components of its window ``wid`` (int64); for the
+    inference paths (the training path, :func:`_full_moments`, reuses its gathered rows for the moments)."""
     q = component_log_density(th, means[wid], log_stds[wid], log_mix[wid])  # row i: window wid_i
     return log_responsibilities(q, kind, temperature)
 
@@ -239,8 +240,9 @@ def _level_second_moment(m, flat, log_stds):
 
 def _full_moments(th, wid, means, log_stds, log_mix, spec, second):
     """(m, s or None, log φ) of the full (n, K) evaluation, each weight with its window's components."""
-    mu, log_std = means[wid], log_stds[wid]
-    log_phi = _log_phi_rows(th, wid, means, log_stds, log_mix, spec.kind, spec.temperature)
+    mu, log_std = means[wid], log_stds[wid]  # gathered once: q and the moments share them (one gradient path)
+    q = component_log_density(th, mu, log_std, log_mix[wid])  # (n, K): row i holds window wid_i's components
+    log_phi = log_responsibilities(q, spec.kind, spec.temperature)
     phi = log_phi.exp()
     m = (phi * mu).sum(-1)
     s = (phi * (mu * mu + torch.exp(2 * log_std))).sum(-1) if second else None
