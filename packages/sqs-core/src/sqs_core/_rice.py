@@ -105,7 +105,6 @@ def rice_decode_positions(payload: Tensor, length: int) -> tuple[Tensor, bool]:
     total_bits = 8 * body.numel()
     if m * k > total_bits:
         raise ValueError(f"rice stream of {total_bits} bits is too short for {m} remainders of {k} bits")
-    remainders = read_fields(body, k, m) if k else torch.zeros(m, dtype=torch.int64, device=payload.device)
     first_byte, skip = divmod(m * k, 8)
     unary = unpack_bits(body[first_byte:], 1, 8 * (body.numel() - first_byte))[skip:]
     ends = torch.nonzero(unary).flatten()
@@ -118,8 +117,10 @@ def rice_decode_positions(payload: Tensor, length: int) -> tuple[Tensor, bool]:
         return ends, inverted
     if int(ends[-1]) - (m - 1) > (length - 1) >> k:  # Σ q_j alone already passes the mask's end
         raise ValueError("rice stream codes a gap beyond the mask length")
-    remainders += 1 - (1 << k)
-    positions = (ends << k).add_(torch.cumsum(remainders, 0)).add_((1 << k) - 1)
+    positions = ends  # in place from here on: fresh tensors of m int64 each cost page faults
+    if k:
+        offsets = read_fields(body, k, m).add_(1 - (1 << k)).cumsum_(0)
+        positions.bitwise_left_shift_(k).add_(offsets).add_((1 << k) - 1)
     if int(positions[-1]) >= length:
         raise ValueError(f"rice stream codes position {int(positions[-1])} in a mask of length {length}")
     return positions, inverted
