@@ -376,12 +376,12 @@ def test_not_an_sqs_file_and_future_version(net_file, tmp_path):
         sqs.load(plain, copy.deepcopy(skeleton))
     tensors = safetensors.torch.load(path.read_bytes())
     header = artifact_module.read_artifact(path).header
-    header["format_version"] = 2
+    header["format_version"] = 3
     rest = {k: v for k, v in header.items() if k != "checksum"}
     header["checksum"]["header"] = artifact_module.hashlib.sha256(artifact_module._canonical(rest).encode()).hexdigest()
     future = tmp_path / "future.sqs"
     future.write_bytes(_safetensors_bytes(tensors, {"sqs": json.dumps(header)}))
-    with pytest.raises(ValueError, match="unsupported format version 2"):
+    with pytest.raises(ValueError, match="unsupported format version 3"):
         sqs.load(future, copy.deepcopy(skeleton))
 
 

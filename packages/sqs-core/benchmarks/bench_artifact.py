@@ -33,7 +33,7 @@ import torch
 from _timing import best_seconds  # this folder, on sys.path when run as a script
 from sqs_core._artifact_layout import _Decoded, decode_weight, encode
 from sqs_core.artifact import read_artifact
-from sqs_core.packing import decode_mask, unpack_gather
+from sqs_core.packing import decode_mask
 from torch import nn
 
 TARGET_OVER_FORMULA_PLUS_MASK = 1.05
@@ -151,15 +151,14 @@ def throughput(path: Path, repeats: int) -> dict:
     name = rec["layers"][0]
     blob = art.blobs[name]
     dec = _Decoded(name, rec, blob)
-    table = dec.codebook.reshape(-1)[dec.entries]
-    gather_s = best_seconds(lambda: unpack_gather(dec.parts["codes"], rec["code_bits"], rec["kept"], table), repeats)
+    gather_s = best_seconds(dec.kept_values, repeats)  # the code streams (plain or escaped) to values
     mask_s = best_seconds(lambda: decode_mask(rec["mask"], dec.parts["mask"], dec.numel), repeats)
     decode_s = best_seconds(lambda: decode_weight(name, rec, blob), repeats)
     read_s = best_seconds(lambda: read_artifact(path), repeats)
     return {
         "throughput_tensor": name,
         "code_bits": rec["code_bits"],
-        "gather_weights_per_s": rec["kept"] / gather_s,  # per kept weight: unpack_gather alone
+        "gather_weights_per_s": rec["kept"] / gather_s,  # per kept weight: code streams to values alone
         "mask_decode_weights_per_s": dec.numel / mask_s,  # per weight of the tensor
         "decode_weights_per_s": dec.numel / decode_s,  # per weight: mask + gather + scatter
         "read_and_verify_s": read_s,  # read the file, parse, both checksums, no decoding

@@ -8,7 +8,8 @@ sections of :data:`SECTIONS` (empty ones take no bytes), plus a JSON record of t
 * ``used``      one bit per codebook entry (row-major): used by the greedy level of some kept weight.
 * ``codes``     per kept weight (flat order), the rank of its (window, level) entry among the used
                 entries, ``code_bits = ceil(log2 U)`` bits each (U used entries; low 8 bits here when
-                ``code_bits > 8``, the rest in ``codes_hi``).
+                ``code_bits > 8``, the rest in ``codes_hi``); or the escaped layout of
+                :mod:`sqs_core._codes` (sections ``primary``, ``escapes``, ``escape_codes``), if smaller.
 * ``alt_mask``  which kept weights have alternatives (a mask over the kept weights, encode_mask again).
 * ``alt_sets`` (layout "bitmap": K bits per alternative weight, level k set when its probability > 0) or
   ``alt_counts`` + ``alt_levels`` (layout "csr": count − 1 in ceil(log2 K) bits, then the levels,
@@ -26,16 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._codes import CODE_SECTIONS, check_code_record, decode_ranks, decode_values, encode_codes, field_bits
 from .discrete import DiscretePosterior
-from .packing import (
-    decode_kept_positions,
-    decode_mask,
-    encode_mask,
-    pack_bits,
-    packed_length,
-    unpack_bits,
-    unpack_gather,
-)
+from .packing import decode_kept_positions, decode_mask, encode_mask, pack_bits, packed_length, unpack_bits
 
 SECTIONS = (
     "codebook",
@@ -43,6 +37,9 @@ SECTIONS = (
     "used",
     "codes",
     "codes_hi",
+    "primary",
+    "escapes",
+    "escape_codes",
     "alt_mask",
     "alt_sets",
     "alt_counts",
@@ -53,7 +50,7 @@ SECTIONS = (
 GROUPS = {
     "codebook": ("codebook",),
     "mask": ("mask",),
-    "indices": ("used", "codes", "codes_hi"),
+    "indices": ("used", *CODE_SECTIONS),
     "alternatives": ("alt_mask", "alt_sets", "alt_counts", "alt_levels", "alt_probs"),
 }
 FLOAT_DTYPES = {
@@ -62,12 +59,6 @@ FLOAT_DTYPES = {
     "float32": torch.float32,
     "float64": torch.float64,
 }
-_EMPTY = torch.zeros(0, dtype=torch.uint8)
-
-
-def field_bits(n: int) -> int:
-    """ceil(log2 n): the bits that index one of n symbols (0 when n ≤ 1)."""
-    return (n - 1).bit_length() if n > 1 else 0
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -76,18 +67,6 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def _as_bytes(t: Tensor) -> Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
-
-
-def _pack(values: Tensor, bits: int) -> Tensor:
-    return pack_bits(values, bits) if bits else _EMPTY
-
-
-def _unpack(packed: Tensor, bits: int, count: int) -> Tensor:
-    if bits == 0:
-        if packed.numel():
-            raise ValueError(f"a 0-bit stream must be empty, got {packed.numel()} bytes")
-        return torch.zeros(count, dtype=torch.uint8)
-    return unpack_bits(packed, bits, count)
 
 
 # -- encoding ---------------------------------------------------------------------------------------------
@@ -108,15 +87,10 @@ def encode(d: DiscretePosterior, *, alternatives: bool) -> tuple[dict[str, Any],
     used[joint] = True
     code_index = (torch.cumsum(used, 0) - 1)[joint]  # (n,) rank among the used entries
     n_used = int(used.sum())
-    bits = field_bits(n_used)
+    code_fields, code_sections = encode_codes(code_index, n_used)
     mask_encoding, mask_payload = encode_mask(keep)
-    sections = {
-        "codebook": _as_bytes(codebook),
-        "mask": mask_payload.cpu(),
-        "used": pack_bits(used, 1),
-        "codes": _pack(code_index & 0xFF if bits > 8 else code_index, min(bits, 8)),
-        "codes_hi": _pack(code_index >> 8, bits - 8) if bits > 8 else _EMPTY,
-    }
+    sections = {"codebook": _as_bytes(codebook), "mask": mask_payload.cpu(), "used": pack_bits(used, 1)}
+    sections |= code_sections
     record: dict[str, Any] = {
         "shape": list(d.shape),
         "dtype": dtype_name(full.dtype),
@@ -125,10 +99,10 @@ def encode(d: DiscretePosterior, *, alternatives: bool) -> tuple[dict[str, Any],
         "stored_windows": int(codebook.shape[0]),
         "kept": int(keep.sum()),
         "codes_used": n_used,
-        "code_bits": bits,
         "mask": mask_encoding,
         "alternatives": 0,
     }
+    record |= code_fields
     if alternatives:
         _encode_alternatives(d, keep, k, record, sections)
     record["sections"] = {name: int(s.numel()) for name, s in sections.items() if s.numel()}
@@ -187,7 +161,6 @@ def check_record(name: str, rec: Any, blob_bytes: int) -> None:
         and rec["stored_windows"] <= rec["windows"] <= 256
         and rec["kept"] <= numel
         and rec["codes_used"] <= entries
-        and rec["code_bits"] == field_bits(rec["codes_used"])
         and rec["alternatives"] <= rec["kept"]
         and (rec["kept"] == 0) == (rec["codes_used"] == 0)
     ):
@@ -200,12 +173,10 @@ def check_record(name: str, rec: Any, blob_bytes: int) -> None:
         raise ValueError(f"compressed tensor {name!r}: sections {sections} do not add up to {blob_bytes} bytes")
     itemsize = torch.empty(0, dtype=FLOAT_DTYPES[rec["dtype"]]).element_size()
     expected = {"codebook": entries * itemsize, "used": packed_length(entries, 1)}
-    bits = rec["code_bits"]
-    expected["codes"] = packed_length(rec["kept"], min(bits, 8)) if bits else 0
-    expected["codes_hi"] = packed_length(rec["kept"], bits - 8) if bits > 8 else 0
     bad = {s: (sizes[s], n) for s, n in expected.items() if sizes[s] != n}
     if bad:
         raise ValueError(f"compressed tensor {name!r}: section sizes (stored, expected) {bad}")
+    check_code_record(name, rec, sizes)
 
 
 def _numel(shape: list[int]) -> int:
@@ -228,7 +199,7 @@ class _Decoded:
     """The parts shared by greedy decoding and the full discrete posterior."""
 
     def __init__(self, name: str, rec: dict, blob: Tensor) -> None:
-        self.rec, self.parts = rec, _split(rec, blob)
+        self.name, self.rec, self.parts = name, rec, _split(rec, blob)
         self.numel = _numel(rec["shape"])
         self.positions = decode_kept_positions(rec["mask"], self.parts["mask"], self.numel)  # (n,) increasing
         if self.positions.numel() != rec["kept"]:
@@ -254,20 +225,12 @@ class _Decoded:
         return keep
 
     def code_index(self) -> Tensor:
-        bits, n = self.rec["code_bits"], self.rec["kept"]
-        idx = _unpack(self.parts["codes"], min(bits, 8), n).long()
-        if bits > 8:
-            idx |= _unpack(self.parts["codes_hi"], bits - 8, n).long() << 8
-        if n and int(idx.max()) >= self.entries.numel():
-            raise ValueError(f"code {int(idx.max())} out of range for {self.entries.numel()} used entries")
-        return idx
+        """(n,) each kept weight's rank among the used entries."""
+        return decode_ranks(self.name, self.rec, self.parts)
 
     def kept_values(self) -> Tensor:
         table = self.codebook.reshape(-1)[self.entries]  # (U,) the values the codes index
-        bits, n = self.rec["code_bits"], self.rec["kept"]
-        if 1 <= bits <= 8:
-            return unpack_gather(self.parts["codes"], bits, n, table)  # the fast path
-        return table[self.code_index()]
+        return decode_values(self.name, self.rec, self.parts, table)
 
 
 def decode_weight(name: str, rec: dict, blob: Tensor) -> Tensor:

@@ -39,7 +39,8 @@ __all__ = ["FORMAT_VERSION", "MAGIC", "load", "load_bayesian_average", "save"]
 log = logging.getLogger(__name__)
 
 MAGIC = "sqs"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # version 2 added the escaped code layout (sqs_core._codes)
+READABLE_VERSIONS = (1, 2)  # a version-1 file is a version-2 file without escaped records
 METADATA_KEY = "sqs"  # the safetensors metadata entry holding the JSON header
 PREFIX = "@sqs/"  # tensor names of compressed blobs: PREFIX + posterior name
 CRC_TABLE = PREFIX + "crc32"  # CRC-32 of every other tensor, to name the damaged one
@@ -247,10 +248,10 @@ def read_artifact(path: str | os.PathLike) -> Artifact:
 def _check_header(where: str, header: Any) -> None:
     if not isinstance(header, dict) or header.get("magic") != MAGIC:
         raise ValueError(f"{where}: not an SQS artifact (bad magic in the header)")
-    if header.get("format_version") != FORMAT_VERSION:
+    version = header.get("format_version")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise ValueError(
-            f"{where}: unsupported format version {header.get('format_version')!r} "
-            f"(this library reads version {FORMAT_VERSION})"
+            f"{where}: unsupported format version {version!r} (this library reads versions {READABLE_VERSIONS})"
         )
     checksum = header.get("checksum")
     if not isinstance(checksum, dict) or checksum.get("algorithm") != "sha256" or set(checksum) != _CHECKSUM_KEYS:
