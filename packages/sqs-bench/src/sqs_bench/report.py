@@ -8,6 +8,7 @@ in a separate table labelled as reported by the paper, never mixed into ours.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections import defaultdict
@@ -207,11 +208,18 @@ def _plot_series(ax, group: list[dict], x: str, series: str, xlabel: str) -> Non
 def _recipe_meta(recipe: str, result: dict) -> dict:
     """Title and substitute label: the packaged recipe's current ones (results of one recipe may have been
     run at different times, when its label said something else), else those stored in the result."""
+    labels = _current_labels(recipe)
+    return result["meta"] if labels is None else result["meta"] | dict(labels)
+
+
+@functools.cache
+def _current_labels(recipe: str) -> tuple[tuple[str, Any], ...] | None:
+    """The packaged recipe's title and substitute (read once per process; the recipes ship with the package)."""
     try:
         current = load_recipe(recipe)
     except (FileNotFoundError, ValueError):
-        return result["meta"]
-    return result["meta"] | {k: current[k] for k in ("title", "substitute") if k in current}
+        return None
+    return tuple((k, current[k]) for k in ("title", "substitute") if k in current)
 
 
 def _section(recipe: str, results: list[dict], out_dir: Path) -> str:

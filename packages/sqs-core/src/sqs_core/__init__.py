@@ -16,6 +16,7 @@ from .posterior import SpikeGMMPosterior
 from .prepare import is_prepared, posteriors, prepare_, sqs_layers
 from .report import CompressionReport, compression_report
 from .schedules import GateTemperatureSchedule, PruningSchedule
+from .selection import keep_top_fraction
 
 __all__ = [
     "CONFIG_VERSION",
@@ -35,6 +36,7 @@ __all__ = [
     "discrete_posteriors",
     "greedy_",
     "is_prepared",
+    "keep_top_fraction",
     "load",
     "load_bayesian_average",
     "param_groups",

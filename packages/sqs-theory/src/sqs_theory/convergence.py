@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import sqs_core as sqs
 import torch
-from sqs_core.selection import keep_top_fraction
+from sqs_core import keep_top_fraction
 
 from .hellinger import bootstrap_slope_ci, fit_slope, hellinger_sq
 from .hspace import in_h

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import sqs_core as sqs
 import torch
-from sqs_core.selection import keep_top_fraction
+from sqs_core import keep_top_fraction
 from torch import nn
 
 from .hspace import quantize_exact
