@@ -8,10 +8,8 @@ one, and a damaged record must fail with a clear error before anything is decode
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
-import safetensors.torch
 import sqs_core as sqs
 import torch
 from hypothesis import given
@@ -27,7 +25,6 @@ from sqs_core._codes import (
     encode_codes,
     field_bits,
 )
-from sqs_core._safetensors_format import safetensors_chunks
 from torch import nn
 
 
@@ -165,22 +162,3 @@ def test_file_with_outlier_windows_uses_escapes_and_round_trips(tmp_path):
     x = torch.randn(7, 64)
     average = sqs.load_bayesian_average(path, copy.deepcopy(skeleton), samples=3, generator=g1)
     assert torch.equal(average(x), sqs.BayesianAverage(model, samples=3, nonzero=0.5, generator=g2)(x))
-
-
-def test_version_1_file_without_escapes_still_loads(tmp_path):
-    torch.manual_seed(1)
-    model = nn.Sequential(nn.Linear(16, 8))
-    skeleton = copy.deepcopy(model)
-    sqs.prepare_(model, sqs.SQSConfig(num_components=4))
-    path = tmp_path / "v2.sqs"
-    sqs.save(model, path, nonzero=0.5)
-    header = artifact_module.read_artifact(path).header
-    assert header["format_version"] == 2 and not any("escaped" in r for r in header["compressed"])
-    header["format_version"] = 1
-    rest = {k: v for k, v in header.items() if k != "checksum"}
-    header["checksum"]["header"] = artifact_module.hashlib.sha256(artifact_module._canonical(rest).encode()).hexdigest()
-    chunks, _alive = safetensors_chunks(safetensors.torch.load(path.read_bytes()), {"sqs": json.dumps(header)})
-    old = tmp_path / "v1.sqs"
-    old.write_bytes(b"".join(bytes(c) for c in chunks))
-    loaded = sqs.load(old, copy.deepcopy(skeleton))
-    assert torch.equal(loaded[0].weight, sqs.discrete_posteriors(model, nonzero=0.5)["0"].weights() + 0.0)

@@ -5,7 +5,7 @@ A model is compressed in place with :func:`prepare_`, trained with the user's ow
 :class:`BayesianAverage`. See README.md and docs/ for the method and the paper's equations.
 """
 
-from .artifact import load, load_bayesian_average, save
+from .artifact import load, load_bayesian_average, save, upgrade
 from .config import CONFIG_VERSION, GaussianPrior, SpikeSlabPrior, SQSConfig
 from .discrete import DiscretePosterior
 from .inference import BayesianAverage, discrete_posteriors, greedy_, sample_, variational_
@@ -46,6 +46,7 @@ __all__ = [
     "sample_",
     "save",
     "sqs_layers",
+    "upgrade",
     "variational_",
 ]
 

@@ -1,10 +1,12 @@
-"""Command line: ``python -m sqs_core inspect FILE [--json]`` prints an artifact's compression report."""
+"""Command line: ``python -m sqs_core inspect FILE [--json]`` prints an artifact's compression report;
+``python -m sqs_core upgrade SOURCE TARGET`` rewrites an artifact in the current format version."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from .artifact import upgrade
 from .report import compression_report
 
 
@@ -16,8 +18,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     inspect.add_argument("file", help="an artifact written by sqs_core.save")
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    rewrite = commands.add_parser(
+        "upgrade", help="rewrite an artifact in the current format version (same weights and draws)"
+    )
+    rewrite.add_argument("source", help="an artifact written by sqs_core.save (any readable version)")
+    rewrite.add_argument("target", help="where to write it (may be the source)")
     args = parser.parse_args(argv)
     try:
+        if args.command == "upgrade":
+            upgrade(args.source, args.target)
+            report = compression_report(args.target)
+            print(f"wrote {args.target}: {report.file_bytes:,} B, file rate {report.file_rate:.2f}x")
+            return 0
         report = compression_report(args.file)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

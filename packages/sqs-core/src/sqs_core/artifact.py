@@ -11,70 +11,26 @@ with the same draws as in memory for the same ``torch.Generator`` seed. The form
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
 import logging
 import os
 import secrets
-import zlib
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 from torch import nn
 
-from ._artifact_layout import check_record, decode_posterior, decode_weight, dtype_name, encode
+from ._artifact_file import FORMAT_VERSION, MAGIC, PREFIX, Artifact, container, read_artifact
+from ._artifact_layout import encode
 from ._safetensors_format import safetensors_chunks
-from .discrete import DiscretePosterior
 from .inference import BayesianAverage, discrete_posteriors
 from .layers import SQSLayer
 from .prepare import posteriors, prepared_config
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "load", "load_bayesian_average", "save"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "load", "load_bayesian_average", "save", "upgrade"]
 
 log = logging.getLogger(__name__)
-
-MAGIC = "sqs"
-FORMAT_VERSION = 2  # version 2 added the escaped code layout (sqs_core._codes)
-READABLE_VERSIONS = (1, 2)  # a version-1 file is a version-2 file without escaped records
-METADATA_KEY = "sqs"  # the safetensors metadata entry holding the JSON header
-PREFIX = "@sqs/"  # tensor names of compressed blobs: PREFIX + posterior name
-CRC_TABLE = PREFIX + "crc32"  # CRC-32 of every other tensor, to name the damaged one
-_CHECKSUM_KEYS = {"algorithm", "header", "payload", "crc32_table"}
-
-
-# -- bytes and checksums ----------------------------------------------------------------------------------
-def _raw(t: torch.Tensor) -> bytes | ctypes.Array:
-    """The tensor's bytes as safetensors stores them (contiguous, little-endian host), without a copy."""
-    if not t.is_contiguous() or t.device.type != "cpu":
-        raise ValueError("internal: checksummed tensors must be contiguous CPU tensors")
-    nbytes = t.numel() * t.element_size()
-    return (ctypes.c_char * nbytes).from_address(t.data_ptr()) if nbytes else b""
-
-
-def _canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
-
-def _payload_sha256(tensors: dict[str, torch.Tensor]) -> str:
-    """SHA-256 over every tensor in sorted-name order: UTF-8 name, NUL, dtype name, NUL, shape as
-    comma-separated decimals, NUL, raw bytes; so names, dtypes and shapes are covered too."""
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name]
-        h.update(f"{name}\0{dtype_name(t.dtype)}\0{','.join(map(str, t.shape))}\0".encode())
-        h.update(_raw(t))
-    return h.hexdigest()
-
-
-def _crc_table(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-    """uint8 (4·n,): the little-endian CRC-32 of each tensor but the table itself, in sorted-name order."""
-    crcs = b"".join(zlib.crc32(_raw(tensors[n])).to_bytes(4, "little") for n in sorted(tensors) if n != CRC_TABLE)
-    return torch.tensor(list(crcs), dtype=torch.uint8)
 
 
 # -- save -------------------------------------------------------------------------------------------------
@@ -151,17 +107,13 @@ def save(
     target = Path(os.fspath(path))
     dists = discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer)
     groups, sqs_paths = _layer_groups(model)
-    tensors: dict[str, torch.Tensor] = {}
-    records = []
+    records, blobs = [], []
     for name, d in dists.items():
         record, blob = encode(d, alternatives=include_alternatives)
-        records.append({"layers": groups[name], **record})
-        tensors[PREFIX + groups[name][0]] = blob  # the first plain layer name identifies the posterior
-    tensors.update(_dense_state(model, sqs_paths))
-    tensors[CRC_TABLE] = _crc_table(tensors)
-    header = {
-        "magic": MAGIC,
-        "format_version": FORMAT_VERSION,
+        records.append({"layers": groups[name], **record})  # the first plain layer name identifies it
+        blobs.append(blob)
+    dense = _dense_state(model, sqs_paths)
+    body = {
         "library": f"sqs-core {__version__}",
         "config": config.to_dict(),
         "nonzero": nonzero,
@@ -169,18 +121,36 @@ def save(
         "alternatives": include_alternatives,
         "compressed": records,
     }
-    header["checksum"] = {
-        "algorithm": "sha256",
-        "header": hashlib.sha256(_canonical(header).encode()).hexdigest(),
-        "payload": _payload_sha256(tensors),
-        "crc32_table": zlib.crc32(_raw(tensors[CRC_TABLE])),
-    }
-    chunks, keep_alive = safetensors_chunks(tensors, metadata={METADATA_KEY: _canonical(header)})
+    tensors, metadata = container(body, blobs, dense)
+    chunks, keep_alive = safetensors_chunks(tensors, metadata=metadata)
     _atomic_write(target, chunks)
     del keep_alive
-    n_dense = len(tensors) - len(records) - 1
     size = sum(len(c) for c in chunks)
-    log.info("saved %s: %d bytes, %d compressed tensors, %d dense", target, size, len(records), n_dense)
+    log.info("saved %s: %d bytes, %d compressed tensors, %d dense", target, size, len(records), len(dense))
+
+
+def upgrade(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Rewrite the artifact at ``source`` (any readable format version) in the current version at ``target``.
+
+    Every compressed tensor is decoded to its discrete posterior and encoded again, so the greedy weights,
+    the alternatives and every draw stay exactly as they were; only the bytes change (smaller header,
+    escaped code layouts where they help). Atomic like :func:`save`; ``target`` may equal ``source``.
+    """
+    from . import __version__
+
+    art = read_artifact(source)
+    records, blobs = [], []
+    for rec, d in zip(art.records, art.posteriors().values(), strict=True):
+        record, blob = encode(d, alternatives=bool(art.header.get("alternatives")))
+        records.append({"layers": rec["layers"], **record, "windows": rec["windows"]})
+        blobs.append(blob)
+    keys = ("config", "nonzero", "per_layer", "alternatives")
+    body = {"library": f"sqs-core {__version__}", **{k: art.header.get(k) for k in keys}, "compressed": records}
+    tensors, metadata = container(body, blobs, art.dense)
+    chunks, keep_alive = safetensors_chunks(tensors, metadata=metadata)
+    _atomic_write(Path(os.fspath(target)), chunks)
+    del keep_alive
+    log.info("upgraded %s (format %s) to %s", art.path, art.header["format_version"], os.fspath(target))
 
 
 def _atomic_write(path: Path, chunks: list[bytes | ctypes.Array]) -> None:
@@ -197,115 +167,6 @@ def _atomic_write(path: Path, chunks: list[bytes | ctypes.Array]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-# -- read and validate --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Artifact:
-    """A validated artifact: header, compressed records (in draw order), their blobs, the dense state."""
-
-    path: str
-    header: dict[str, Any]
-    records: list[dict[str, Any]]
-    blobs: dict[str, torch.Tensor]
-    dense: dict[str, torch.Tensor]
-    file_bytes: int
-    header_bytes: int  # the 8-byte length prefix and the safetensors JSON header, padding included
-    index_bytes: dict[str, int]  # bytes of each tensor's own entry in the safetensors JSON header
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        """Greedy weight of every posterior, keyed by its first layer name."""
-        return {r["layers"][0]: decode_weight(r["layers"][0], r, self.blobs[r["layers"][0]]) for r in self.records}
-
-    def posteriors(self) -> dict[str, DiscretePosterior]:
-        return {r["layers"][0]: decode_posterior(r["layers"][0], r, self.blobs[r["layers"][0]]) for r in self.records}
-
-
-def read_artifact(path: str | os.PathLike) -> Artifact:
-    """Read and validate an artifact (structure, magic, version, checksums); raises ValueError if damaged."""
-    where = os.fspath(path)
-    data = Path(where).read_bytes()
-    try:
-        tensors = safetensors.torch.load(data)
-        raw = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
-    except Exception as exc:  # safetensors' own error types: wrap them all into one clear message
-        raise ValueError(f"{where}: truncated or not a safetensors file (or its header is damaged): {exc}") from None
-    text = (raw.get("__metadata__") or {}).get(METADATA_KEY)
-    if text is None:
-        raise ValueError(f"{where}: not an SQS artifact (no {METADATA_KEY!r} entry in the safetensors metadata)")
-    try:
-        header = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: the SQS header is not valid JSON (damaged file?): {exc}") from None
-    _check_header(where, header)
-    _check_payload(where, header["checksum"], tensors)
-    records, blobs, dense = _split_tensors(where, header, tensors)
-    header_bytes = 8 + int.from_bytes(data[:8], "little")
-    index = {n: len(_canonical({n: v})) - 1 for n, v in raw.items() if n != "__metadata__"}  # incl. a comma
-    return Artifact(where, header, records, blobs, dense, len(data), header_bytes, index)
-
-
-def _check_header(where: str, header: Any) -> None:
-    if not isinstance(header, dict) or header.get("magic") != MAGIC:
-        raise ValueError(f"{where}: not an SQS artifact (bad magic in the header)")
-    version = header.get("format_version")
-    if isinstance(version, bool) or version not in READABLE_VERSIONS:
-        raise ValueError(
-            f"{where}: unsupported format version {version!r} (this library reads versions {READABLE_VERSIONS})"
-        )
-    checksum = header.get("checksum")
-    if not isinstance(checksum, dict) or checksum.get("algorithm") != "sha256" or set(checksum) != _CHECKSUM_KEYS:
-        raise ValueError(f"{where}: the header's checksum entry is damaged: {checksum!r}")
-    rest = {k: v for k, v in header.items() if k != "checksum"}
-    if hashlib.sha256(_canonical(rest).encode()).hexdigest() != checksum.get("header"):
-        raise ValueError(f"{where}: header checksum mismatch (SHA-256 of the JSON header): the file is damaged")
-
-
-def _check_payload(where: str, checksum: dict, tensors: dict[str, torch.Tensor]) -> None:
-    table = tensors.get(CRC_TABLE, torch.zeros(0))
-    table_ok = table.dtype == torch.uint8 and table.dim() == 1
-    table_ok = table_ok and zlib.crc32(_raw(table)) == checksum["crc32_table"]
-    if table_ok and _payload_sha256(tensors) == checksum["payload"]:
-        return
-    names = [n for n in sorted(tensors) if n != CRC_TABLE]
-    if not table_ok:
-        culprit = f"the checksum table {CRC_TABLE!r}"
-    else:
-        stored = bytes(table.tolist())
-        bad = [
-            n
-            for i, n in enumerate(names)
-            if stored[4 * i : 4 * i + 4] != zlib.crc32(_raw(tensors[n])).to_bytes(4, "little")
-        ]
-        culprit = f"tensor(s) {bad}" if bad else "the tensor index (names, dtypes or shapes)"
-    raise ValueError(f"{where}: payload checksum mismatch (SHA-256 over all tensors): {culprit} damaged")
-
-
-def _split_tensors(where: str, header: dict, tensors: dict[str, torch.Tensor]):
-    records = header.get("compressed")
-    if not isinstance(records, list):
-        raise ValueError(f"{where}: the header has no list of compressed tensors")
-    blobs = {}
-    for rec in records:
-        layers = rec.get("layers") if isinstance(rec, dict) else None
-        if not isinstance(layers, list) or not layers or not all(isinstance(n, str) for n in layers):
-            raise ValueError(f"{where}: a compressed record has no layer names: {rec!r}")
-        name = layers[0]
-        blob = tensors.get(PREFIX + name)
-        if blob is None or blob.dtype != torch.uint8 or blob.dim() != 1:
-            raise ValueError(f"{where}: compressed tensor {name!r} is missing or not a 1-D uint8 entry")
-        check_record(name, rec, blob.numel())
-        blobs[name] = blob
-    known = {PREFIX + n for n in blobs} | {CRC_TABLE}
-    stray = sorted(n for n in tensors if n.startswith(PREFIX) and n not in known)
-    if stray:
-        raise ValueError(f"{where}: unexpected entries {stray}")
-    dense = {n: t for n, t in tensors.items() if not n.startswith(PREFIX)}
-    weights = Counter(f"{layer}.weight" for rec in records for layer in rec["layers"])
-    clash = sorted(w for w, count in weights.items() if count > 1 or w in dense)
-    if clash:
-        raise ValueError(f"{where}: {clash} are stored more than once (in two records or also as dense tensors)")
-    return records, blobs, dense
 
 
 # -- load -------------------------------------------------------------------------------------------------

@@ -25,8 +25,9 @@ from typing import Any
 
 from torch import nn
 
+from ._artifact_file import read_artifact
 from ._artifact_layout import GROUPS, field_bits
-from .artifact import read_artifact, save
+from .artifact import save
 
 __all__ = ["CompressionReport", "LayerReport", "compression_report"]
 
