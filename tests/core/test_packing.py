@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from sqs_core._bits import read_fields
+from sqs_core._bits import SMALL_COUNT, read_fields
 from sqs_core.packing import (
     MASK_ENCODINGS,
     RICE_HEADER_BYTES,
@@ -310,3 +310,14 @@ def test_decode_mask_corruption_raises_value_error_or_decodes(mask: torch.Tensor
     except ValueError:
         return
     assert decoded.dtype == torch.bool and decoded.shape == mask.shape
+
+
+@pytest.mark.parametrize("bits", [3, 5, 6, 7])
+@pytest.mark.parametrize("count", [SMALL_COUNT - 1, SMALL_COUNT, SMALL_COUNT + 13])
+def test_odd_widths_on_both_sides_of_the_small_count_path(bits: int, count: int) -> None:
+    """Below SMALL_COUNT odd widths unpack by gathering bytes, from it on by byte columns: both exact."""
+    values = torch.randint(0, 1 << bits, (count,), generator=torch.Generator().manual_seed(bits * count))
+    packed = pack_bits(values, bits)
+    assert bytes(packed.tolist()) == _reference_pack(values.tolist(), bits)
+    assert torch.equal(unpack_bits(packed, bits, count).long(), values)
+    assert torch.equal(read_fields(packed, bits, count), values)

@@ -188,9 +188,10 @@ def _numel(shape: list[int]) -> int:
 
 def _split(rec: dict, blob: Tensor) -> dict[str, Tensor]:
     out, start = {}, 0
+    empty = blob[:0]
     for name in SECTIONS:
         size = rec["sections"].get(name, 0)
-        out[name] = blob[start : start + size]
+        out[name] = blob[start : start + size] if size else empty  # most sections are empty: one view
         start += size
     return out
 

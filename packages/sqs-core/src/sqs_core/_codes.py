@@ -161,7 +161,8 @@ def _primary_split(name: str, rec: dict, parts: dict[str, Tensor]) -> tuple[Tens
             f"compressed tensor {name!r}: the primary set has {int(in_primary.sum())} entries, "
             f"code_bits {rec['code_bits']} needs {1 << rec['code_bits']}"
         )
-    return in_primary.nonzero().squeeze(1), (~in_primary).nonzero().squeeze(1)
+    order = torch.argsort(~in_primary, stable=True)  # P's ranks, then S's, each increasing
+    return order[: 1 << rec["code_bits"]], order[1 << rec["code_bits"] :]
 
 
 def _primary_codes(parts: dict[str, Tensor], bits: int, n: int) -> Tensor:

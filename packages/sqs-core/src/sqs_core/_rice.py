@@ -110,12 +110,13 @@ def rice_decode_positions(payload: Tensor, length: int) -> tuple[Tensor, bool]:
     ends = torch.nonzero(unary).flatten()
     if ends.numel() != m:
         raise ValueError(f"rice stream holds {ends.numel()} unary codes, header says {m}")
-    used = m * k + (int(ends[-1]) + 1 if m else 0)
+    last_end = int(ends[-1]) if m else -1
+    used = m * k + last_end + 1
     if (used + 7) // 8 != body.numel():
         raise ValueError(f"rice stream has {body.numel()} bytes, its codes need {(used + 7) // 8}")
     if not m:
         return ends, inverted
-    if int(ends[-1]) - (m - 1) > (length - 1) >> k:  # Σ q_j alone already passes the mask's end
+    if last_end - (m - 1) > (length - 1) >> k:  # Σ q_j alone already passes the mask's end
         raise ValueError("rice stream codes a gap beyond the mask length")
     positions = ends  # in place from here on: fresh tensors of m int64 each cost page faults
     if k:

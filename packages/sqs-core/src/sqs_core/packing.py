@@ -16,6 +16,8 @@ device.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -67,8 +69,7 @@ def unpack_gather(packed: Tensor, bits: int, count: int, codebook: Tensor) -> Te
         if top >= n_levels:
             raise ValueError(f"level index {top} out of range for a codebook of {n_levels} entries")
         return codebook.index_select(0, idx.to(torch.int32))
-    byte_values = torch.arange(256, dtype=torch.uint8, device=packed.device)
-    fields = unpack_bits(byte_values, bits, 256 * 8 // bits).view(256, 8 // bits).long()
+    fields = _byte_fields(bits).to(packed.device)  # (256, 8 // bits) the fields of every byte value
     rows = packed.to(torch.int32)
     if n_levels < 1 << bits:
         bad_byte = (fields >= n_levels).any(dim=1)  # (256,) bytes holding an out-of-range index
@@ -77,6 +78,13 @@ def unpack_gather(packed: Tensor, bits: int, count: int, codebook: Tensor) -> Te
         fields = fields.clamp(max=n_levels - 1)
     table = codebook[fields]  # (256, 8 // bits)
     return table.index_select(0, rows).reshape(-1)[:count]
+
+
+@functools.cache
+def _byte_fields(bits: int) -> Tensor:
+    """(256, 8 // bits) int64: the fields of each byte value (cached; never written to)."""
+    byte_values = torch.arange(256, dtype=torch.uint8)
+    return unpack_bits(byte_values, bits, 256 * 8 // bits).view(256, 8 // bits).long()
 
 
 def mask_cost_bytes(mask: Tensor) -> dict[str, int]:
