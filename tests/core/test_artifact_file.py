@@ -253,3 +253,21 @@ def test_upgrade_keeps_weights_and_draws(tmp_path, capsys):
     assert new.read_bytes() == before
     assert main(["upgrade", str(tmp_path / "missing.sqs"), str(new)]) == 1
     assert "error:" in capsys.readouterr().err
+
+
+def test_upgrade_of_tied_layers_without_alternatives(tmp_path):
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+    model[2].weight = model[0].weight  # tied: one posterior, one record for two layers
+    skeleton = copy.deepcopy(model)
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4))
+    path, new = tmp_path / "a.sqs", tmp_path / "b.sqs"
+    sqs.save(model, path, nonzero=0.5, include_alternatives=False)
+    sqs.upgrade(path, new)
+    (record,) = read_artifact(new).records
+    assert record["layers"] == ["0", "2"] and not read_artifact(new).header["alternatives"]
+    loaded = sqs.load(new, copy.deepcopy(skeleton))
+    assert loaded[0].weight is loaded[2].weight
+    assert torch.equal(loaded[0].weight, sqs.load(path, copy.deepcopy(skeleton))[0].weight)
+    with pytest.raises(ValueError, match="include_alternatives=False"):
+        sqs.load(new, copy.deepcopy(skeleton), mode="sample", generator=torch.Generator())
