@@ -145,7 +145,8 @@ def test_flipped_blob_byte_names_the_layer(saved, tmp_path):
     flipped = bytearray(data)
     flipped[end + offset + start] ^= 0x10
     (tmp_path / "p.sqs").write_bytes(bytes(flipped))
-    with pytest.raises(ValueError, match=r"payload checksum mismatch.*'@sqs/blobs'.*\['@sqs/body\.fc'\]"):
+    expected = r"payload checksum mismatch.*\['@sqs/blobs'\] damaged \(the blob\(s\) of \['body\.fc'\]\)"
+    with pytest.raises(ValueError, match=expected):
         sqs.load(tmp_path / "p.sqs", copy.deepcopy(skeleton))
     with pytest.raises(ValueError, match="payload checksum mismatch"):
         sqs.compression_report(tmp_path / "p.sqs")

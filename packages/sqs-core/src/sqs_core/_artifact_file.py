@@ -192,7 +192,7 @@ def _check_payload(where: str, checksum: dict, tensors: dict[str, torch.Tensor])
     table_ok = table_ok and zlib.crc32(raw_bytes(table)) == checksum["crc32_table"]
     if table_ok and _payload_sha256(tensors) == checksum["payload"]:
         return
-    names = [n for n in sorted(tensors) if n != CRC_TABLE]
+    names, detail = [n for n in sorted(tensors) if n != CRC_TABLE], ""
     if not table_ok:
         culprit = f"the checksum table {CRC_TABLE!r}"
     else:
@@ -204,19 +204,19 @@ def _check_payload(where: str, checksum: dict, tensors: dict[str, torch.Tensor])
         ]
         culprit = f"tensor(s) {bad}" if bad else "the tensor index (names, dtypes or shapes)"
         if BLOBS_TENSOR in bad and HEADER_TENSOR not in bad:
-            culprit += _damaged_blobs(where, tensors)
-    raise ValueError(f"{where}: payload checksum mismatch (SHA-256 over all tensors): {culprit} damaged")
+            detail = _damaged_blobs(where, tensors)
+    raise ValueError(f"{where}: payload checksum mismatch (SHA-256 over all tensors): {culprit} damaged{detail}")
 
 
 def _damaged_blobs(where: str, tensors: dict[str, torch.Tensor]) -> str:
-    """', the blob(s) of layer(s) [...]' from the records' CRC-32s (the header itself is intact)."""
+    """' (the blob(s) of [...])', the damaged records by their CRC-32s (the header itself is intact)."""
     try:
         records = _body(where, tensors)["compressed"]
         blobs = _slices(where, records, tensors[BLOBS_TENSOR])
         bad = [n for n, r in zip(blobs, records, strict=True) if zlib.crc32(raw_bytes(blobs[n])) != r.get("crc32")]
     except (ValueError, KeyError, TypeError):
         return ""
-    return f": the blob(s) of {[PREFIX + n for n in bad]}, in"
+    return f" (the blob(s) of {bad})" if bad else ""
 
 
 def _slices(where: str, records: list, blobs: torch.Tensor) -> dict[str, torch.Tensor]:
