@@ -132,7 +132,7 @@ def decode_ranks(name: str, rec: dict, parts: dict[str, Tensor]) -> Tensor:
             ranks |= _unpack(parts["codes_hi"], bits - 8, n).long() << 8
     else:
         primary_ranks, rest_ranks = _primary_split(name, rec, parts)
-        ranks = primary_ranks[_primary_codes(parts, bits, n)]
+        ranks = primary_ranks[unpack_bits(parts["codes"], bits, n).long()]
         escape_at, escape_codes = _escapes(name, rec, parts)
         ranks[escape_at] = rest_ranks[escape_codes]
     if n and int(ranks.max()) >= n_used:
@@ -163,10 +163,6 @@ def _primary_split(name: str, rec: dict, parts: dict[str, Tensor]) -> tuple[Tens
         )
     order = torch.argsort(~in_primary, stable=True)  # P's ranks, then S's, each increasing
     return order[: 1 << rec["code_bits"]], order[1 << rec["code_bits"] :]
-
-
-def _primary_codes(parts: dict[str, Tensor], bits: int, n: int) -> Tensor:
-    return unpack_bits(parts["codes"], bits, n).long()
 
 
 def _escapes(name: str, rec: dict, parts: dict[str, Tensor]) -> tuple[Tensor, Tensor]:

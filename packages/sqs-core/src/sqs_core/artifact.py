@@ -121,11 +121,7 @@ def save(
         "alternatives": include_alternatives,
         "compressed": records,
     }
-    tensors, metadata = container(body, blobs, dense)
-    chunks, keep_alive = safetensors_chunks(tensors, metadata=metadata)
-    _atomic_write(target, chunks)
-    del keep_alive
-    size = sum(len(c) for c in chunks)
+    size = _write(target, body, blobs, dense)
     log.info("saved %s: %d bytes, %d compressed tensors, %d dense", target, size, len(records), len(dense))
 
 
@@ -146,11 +142,18 @@ def upgrade(source: str | os.PathLike, target: str | os.PathLike) -> None:
         blobs.append(blob)
     keys = ("config", "nonzero", "per_layer", "alternatives")
     body = {"library": f"sqs-core {__version__}", **{k: art.header.get(k) for k in keys}, "compressed": records}
-    tensors, metadata = container(body, blobs, art.dense)
-    chunks, keep_alive = safetensors_chunks(tensors, metadata=metadata)
-    _atomic_write(Path(os.fspath(target)), chunks)
-    del keep_alive
+    _write(Path(os.fspath(target)), body, blobs, art.dense)
     log.info("upgraded %s (format %s) to %s", art.path, art.header["format_version"], os.fspath(target))
+
+
+def _write(path: Path, body: dict[str, Any], blobs: list[torch.Tensor], dense: dict[str, torch.Tensor]) -> int:
+    """Write the version-2 file of ``body`` (header without magic, version, checksums), the records' blobs
+    and the dense state atomically; returns its size in bytes."""
+    tensors, metadata = container(body, blobs, dense)
+    chunks, keep_alive = safetensors_chunks(tensors, metadata=metadata)
+    _atomic_write(path, chunks)
+    del keep_alive
+    return sum(len(c) for c in chunks)
 
 
 def _atomic_write(path: Path, chunks: list[bytes | ctypes.Array]) -> None:
