@@ -29,8 +29,9 @@ from .packing import decode_kept_positions, encode_mask, pack_bits, packed_lengt
 
 CODE_SECTIONS = ("codes", "codes_hi", "primary", "escapes", "escape_codes")
 ESCAPE_RECORD_BYTES = 64
-"""What the escaped layout's extra header fields cost (JSON, as escaped in the safetensors metadata),
-charged when choosing the layout so that it is used only where it makes the file smaller."""
+"""A conservative charge for the escaped layout's extra header fields (~50 B of record JSON before the
+header is compressed), added when choosing the layout so that it is used only where it makes the file
+smaller."""
 
 _EMPTY = torch.zeros(0, dtype=torch.uint8)
 
