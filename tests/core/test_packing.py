@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from sqs_core._bits import SMALL_COUNT, read_fields
+from sqs_core._bits import SMALL_COUNT, read_fields, set_bit_indices
 from sqs_core.packing import (
     MASK_ENCODINGS,
     RICE_HEADER_BYTES,
@@ -321,3 +321,29 @@ def test_odd_widths_on_both_sides_of_the_small_count_path(bits: int, count: int)
     assert bytes(packed.tolist()) == _reference_pack(values.tolist(), bits)
     assert torch.equal(unpack_bits(packed, bits, count).long(), values)
     assert torch.equal(read_fields(packed, bits, count), values)
+
+
+@pytest.mark.parametrize("length", [700, 30_000, 200_000])
+@pytest.mark.parametrize("density", [0.01, 0.3, 0.8])
+def test_rice_decode_on_both_sides_of_the_small_stream_path(length: int, density: float) -> None:
+    """Short Rice streams unpack whole (remainders summed from bits), long ones read k-bit fields: both exact."""
+    mask = torch.rand(length, generator=torch.Generator().manual_seed(length)) < density
+    encoding, payload = encode_mask(mask, encoding="rice")
+    assert torch.equal(decode_mask(encoding, payload, length), mask)
+    assert torch.equal(decode_kept_positions(encoding, payload, length), mask.nonzero().squeeze(1))
+
+
+@given(masks(max_length=600), st.booleans())
+def test_set_bit_indices_equals_nonzero(mask: torch.Tensor, large: bool) -> None:
+    """The Python-integer path (small streams) and the tensor path give the set bits' indices alike."""
+    if large:  # above SMALL_COUNT: the tensor path
+        mask = torch.cat([mask, torch.zeros(SMALL_COUNT, dtype=torch.bool), mask])
+    packed = pack_bits(mask, 1)
+    assert torch.equal(set_bit_indices(packed, mask.numel()), mask.nonzero().squeeze(1))
+
+
+def test_set_bit_indices_checks_size_and_padding() -> None:
+    with pytest.raises(ValueError, match="padding bits"):
+        set_bit_indices(torch.tensor([0b1000_0001], dtype=torch.uint8), 5)
+    with pytest.raises(ValueError, match="expected 1"):
+        set_bit_indices(torch.tensor([1, 0], dtype=torch.uint8), 5)

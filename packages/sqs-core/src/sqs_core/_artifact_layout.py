@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._bits import set_bit_indices
 from ._codes import CODE_SECTIONS, check_code_record, decode_ranks, decode_values, encode_codes, field_bits
 from .discrete import DiscretePosterior
 from .packing import decode_kept_positions, decode_mask, encode_mask, pack_bits, packed_length, unpack_bits
@@ -210,13 +211,12 @@ class _Decoded:
             )
         dtype = FLOAT_DTYPES[rec["dtype"]]
         self.codebook = self.parts["codebook"].clone().view(dtype).reshape(rec["stored_windows"], rec["K"])
-        used = unpack_bits(self.parts["used"], 1, self.codebook.numel()).bool()
-        if int(used.sum()) != rec["codes_used"]:
+        self.entries = set_bit_indices(self.parts["used"], self.codebook.numel())  # (U,) into the codebook
+        if self.entries.numel() != rec["codes_used"]:
             raise ValueError(
-                f"compressed tensor {name!r}: {int(used.sum())} used codebook entries, "
+                f"compressed tensor {name!r}: {self.entries.numel()} used codebook entries, "
                 f"the header says {rec['codes_used']}"
             )
-        self.entries = used.nonzero().squeeze(1)  # (U,) flat index into the stored codebook
 
     @property
     def keep(self) -> Tensor:
@@ -238,7 +238,7 @@ def decode_weight(name: str, rec: dict, blob: Tensor) -> Tensor:
     """The greedy sparse quantized weight (eq. greedy), θ's shape; pruned weights are +0."""
     dec = _Decoded(name, rec, blob)
     out = torch.zeros(dec.numel, dtype=dec.codebook.dtype)
-    out[dec.positions] = dec.kept_values()
+    out.scatter_(0, dec.positions, dec.kept_values())  # positions are distinct: scatter_ is index_put, faster
     return out.reshape(rec["shape"])
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._bits import set_bit_indices
 from .packing import decode_kept_positions, encode_mask, pack_bits, packed_length, unpack_bits, unpack_gather
 
 CODE_SECTIONS = ("codes", "codes_hi", "primary", "escapes", "escape_codes")
@@ -151,19 +152,21 @@ def decode_values(name: str, rec: dict, parts: dict[str, Tensor], table: Tensor)
     primary_ranks, rest_ranks = _primary_split(name, rec, parts)
     values = unpack_gather(parts["codes"], bits, n, table[primary_ranks])
     escape_at, escape_codes = _escapes(name, rec, parts)
-    values[escape_at] = table[rest_ranks][escape_codes]
+    values.scatter_(0, escape_at, table[rest_ranks][escape_codes])  # distinct positions
     return values
 
 
 def _primary_split(name: str, rec: dict, parts: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-    in_primary = unpack_bits(parts["primary"], 1, rec["codes_used"]).bool()
-    if int(in_primary.sum()) != 1 << rec["code_bits"]:
+    """(P's ranks, S's ranks), each increasing."""
+    primary = set_bit_indices(parts["primary"], rec["codes_used"])
+    if primary.numel() != 1 << rec["code_bits"]:
         raise ValueError(
-            f"compressed tensor {name!r}: the primary set has {int(in_primary.sum())} entries, "
+            f"compressed tensor {name!r}: the primary set has {primary.numel()} entries, "
             f"code_bits {rec['code_bits']} needs {1 << rec['code_bits']}"
         )
-    order = torch.argsort(~in_primary, stable=True)  # P's ranks, then S's, each increasing
-    return order[: 1 << rec["code_bits"]], order[1 << rec["code_bits"] :]
+    in_primary = set(primary.tolist())
+    rest = [r for r in range(rec["codes_used"]) if r not in in_primary]
+    return primary, torch.tensor(rest, dtype=torch.int64)
 
 
 def _escapes(name: str, rec: dict, parts: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
@@ -174,7 +177,8 @@ def _escapes(name: str, rec: dict, parts: dict[str, Tensor]) -> tuple[Tensor, Te
             f"compressed tensor {name!r}: the escape mask marks {at.numel()} weights, the header says {rec['escaped']}"
         )
     rest = rec["codes_used"] - (1 << rec["code_bits"])
-    codes = _unpack(parts["escape_codes"], field_bits(rest), at.numel()).long()
-    if codes.numel() and int(codes.max()) >= rest:
+    bits = field_bits(rest)
+    codes = _unpack(parts["escape_codes"], bits, at.numel()).long()
+    if codes.numel() and rest < 1 << bits and int(codes.max()) >= rest:  # a full width cannot overflow
         raise ValueError(f"compressed tensor {name!r}: escape code {int(codes.max())} out of range for {rest} entries")
     return at, codes

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._bits import pack_bits, read_fields, unpack_bits
+from ._bits import SMALL_COUNT, pack_bits, read_fields, unpack_bits
 
 __all__ = ["RICE_HEADER_BYTES", "RICE_INVERTED", "RicePlan", "rice_decode_positions", "rice_encode", "rice_plan"]
 
@@ -105,8 +105,15 @@ def rice_decode_positions(payload: Tensor, length: int) -> tuple[Tensor, bool]:
     total_bits = 8 * body.numel()
     if m * k > total_bits:
         raise ValueError(f"rice stream of {total_bits} bits is too short for {m} remainders of {k} bits")
-    first_byte, skip = divmod(m * k, 8)
-    unary = unpack_bits(body[first_byte:], 1, 8 * (body.numel() - first_byte))[skip:]
+    if m * k < SMALL_COUNT:  # few remainders: unpack the whole stream once and sum each remainder's bits
+        stream = unpack_bits(body, 1, total_bits)
+        weights = torch.arange(k, device=body.device)
+        remainders = (stream[: m * k].view(m, k).long() << weights).sum(1) if k else None
+        unary = stream[m * k :]
+    else:  # no copy of the remainders' bits: read them as k-bit fields
+        first_byte, skip = divmod(m * k, 8)
+        unary = unpack_bits(body[first_byte:], 1, 8 * (body.numel() - first_byte))[skip:]
+        remainders = None
     ends = torch.nonzero(unary).flatten()
     if ends.numel() != m:
         raise ValueError(f"rice stream holds {ends.numel()} unary codes, header says {m}")
@@ -120,7 +127,7 @@ def rice_decode_positions(payload: Tensor, length: int) -> tuple[Tensor, bool]:
         raise ValueError("rice stream codes a gap beyond the mask length")
     positions = ends  # in place from here on: fresh tensors of m int64 each cost page faults
     if k:
-        offsets = read_fields(body, k, m).add_(1 - (1 << k)).cumsum_(0)
+        offsets = (read_fields(body, k, m) if remainders is None else remainders).add_(1 - (1 << k)).cumsum_(0)
         positions.bitwise_left_shift_(k).add_(offsets).add_((1 << k) - 1)
     if int(positions[-1]) >= length:
         raise ValueError(f"rice stream codes position {int(positions[-1])} in a mask of length {length}")

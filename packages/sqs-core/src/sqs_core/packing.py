@@ -62,14 +62,17 @@ def unpack_gather(packed: Tensor, bits: int, count: int, codebook: Tensor) -> Te
             f"codebook must be 1-D with 1..{1 << bits} entries for bits={bits}, got shape {tuple(codebook.shape)}"
         )
     n_levels = codebook.numel()  # K
-    codebook = codebook.to(packed.device)
+    if codebook.device != packed.device:
+        codebook = codebook.to(packed.device)
     if 8 % bits != 0:
         idx = unpack_bits(packed, bits, count)
         top = int(idx.max()) if count else 0
         if top >= n_levels:
             raise ValueError(f"level index {top} out of range for a codebook of {n_levels} entries")
         return codebook.index_select(0, idx.to(torch.int32))
-    fields = _byte_fields(bits).to(packed.device)  # (256, 8 // bits) the fields of every byte value
+    fields = _byte_fields(bits)  # (256, 8 // bits) the fields of every byte value
+    if packed.device.type != "cpu":
+        fields = fields.to(packed.device)
     rows = packed.to(torch.int32)
     if n_levels < 1 << bits:
         bad_byte = (fields >= n_levels).any(dim=1)  # (256,) bytes holding an out-of-range index
@@ -164,6 +167,9 @@ def decode_kept_positions(encoding: str, payload: Tensor, length: int) -> Tensor
         positions, inverted = rice_decode_positions(payload, length)
         if not inverted:
             return positions
+    if encoding == "bitmap":
+        _check_payload(payload, length)
+        return unpack_bits(payload, 1, length).nonzero().squeeze(1)  # uint8 0/1: no bool copy needed
     return decode_mask(encoding, payload, length).nonzero().flatten()
 
 
