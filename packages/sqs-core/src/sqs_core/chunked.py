@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .mixture import PAPER_CLAMP, bernoulli_kl, component_log_density, log_responsibilities
-from .onehot import NEARBY, BinTable, bin_index, bin_table, certify_one_hot
+from .onehot import NEARBY, BinTable, bin_index, bin_table, certify_one_hot, owns_bin
 
 __all__ = [
     "PosteriorSpec",
@@ -97,8 +97,7 @@ class _PosteriorMoments(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second, ranges):
-        keep = torch.sigmoid(gate_logits / spec.gate_temperature)
-        keep = torch.where(mask, keep, keep.new_zeros(()))  # no float copy of the mask
+        keep = _gate_probs(gate_logits, mask, spec.gate_temperature)[2]
         mean = torch.empty_like(theta)
         var = torch.empty_like(theta) if second else theta.new_zeros(0)
         kstar = torch.empty(theta.shape, dtype=torch.uint8, device=theta.device)
@@ -138,8 +137,7 @@ class _PosteriorMoments(torch.autograd.Function):
         num_windows, k = means.shape
         for a, b in _chunk_ranges(theta.numel(), 1):
             wid = window_ids[a:b]
-            lam_raw = torch.sigmoid(gate_logits[a:b] / spec.gate_temperature)
-            lam = torch.where(mask[a:b], lam_raw, lam_raw.new_zeros(()))
+            _, lam_raw, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
             gm, gv = grad_mean[a:b], (grad_var[a:b] if second else None)
             flat, cert = _flat_index(wid, kstar[a:b], num_windows, k), certified[a:b]
             m, s = _one_hot_moments(flat, means, log_stds, second)
@@ -153,6 +151,13 @@ class _PosteriorMoments(torch.autograd.Function):
             g_gate[a:b] = dlam * lam * (1 - lam_raw) / spec.gate_temperature  # λ̃(1 − λ̃)/τ', 0 where masked
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
         return g_theta, g_gate, *grads, None, None, None, None, None
+
+
+def _gate_probs(gate_logits: torch.Tensor, mask: torch.Tensor, gate_temperature: float):
+    """(ℓ = s̃/τ', λ̃ = sigmoid(ℓ) (eq. lambda-prime), λ̃ where the pruning mask keeps the gate, else 0)."""
+    scaled = gate_logits / gate_temperature
+    lam_raw = torch.sigmoid(scaled)
+    return scaled, lam_raw, torch.where(mask, lam_raw, lam_raw.new_zeros(()))  # no float copy of the mask
 
 
 def _flat_index(window_ids: torch.Tensor, levels: torch.Tensor, num_windows: int, k: int) -> torch.Tensor:
@@ -183,9 +188,7 @@ def _uncovered_chunks(th, wid, certified, table: BinTable, k: int) -> Iterator[t
     uncovered = (~certified).nonzero().squeeze(1)
     if uncovered.numel() and table.any_lumpable:
         b = bin_index(th[uncovered], table)
-        near = table.lumpable.index_select(0, b)
-        if table.several_windows:
-            near &= table.owner.index_select(0, b) == wid[uncovered]
+        near = table.lumpable.index_select(0, b) & owns_bin(table, b, wid[uncovered])
         for chunk in torch.split(uncovered[near], max(1, CHUNK_ELEMENTS // NEARBY)):
             yield chunk, True
         uncovered = uncovered[~near]
@@ -315,9 +318,8 @@ class _GateKL(torch.autograd.Function):
         flat_kl = component_kl.reshape(-1)
         total = torch.zeros((), dtype=torch.float64, device=gate_logits.device)
         for a, b in _chunk_ranges(gate_logits.numel(), 1):
-            scaled = gate_logits[a:b] / gate_temperature
             on = mask[a:b]
-            lam = torch.where(on, torch.sigmoid(scaled), scaled.new_zeros(()))
+            scaled, _, lam = _gate_probs(gate_logits[a:b], on, gate_temperature)
             ck = flat_kl.index_select(0, _flat_index(window_ids[a:b], kstar[a:b], w_count, k))
             total += (lam * ck).sum(dtype=torch.float64)
             if prior_keep is not None:
@@ -337,9 +339,7 @@ class _GateKL(torch.autograd.Function):
         g_comp = torch.zeros(w_count * k, dtype=torch.float64, device=gate_logits.device)
         prior_logit = 0.0 if prior_keep is None else math.log(prior_keep) - math.log1p(-prior_keep)
         for a, b in _chunk_ranges(gate_logits.numel(), 1):
-            scaled = gate_logits[a:b] / tau
-            lam_raw = torch.sigmoid(scaled)
-            lam = torch.where(mask[a:b], lam_raw, lam_raw.new_zeros(()))
+            scaled, lam_raw, lam = _gate_probs(gate_logits[a:b], mask[a:b], tau)
             index = _flat_index(window_ids[a:b], kstar[a:b], w_count, k)
             dkl_dlam = flat_kl.index_select(0, index) + ((scaled - prior_logit) if prior_keep is not None else 0.0)
             g_gate[a:b] = dkl_dlam * lam * (1 - lam_raw) * (grad / tau)

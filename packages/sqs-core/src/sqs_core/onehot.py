@@ -44,6 +44,7 @@ __all__ = [
     "bin_table",
     "certify_one_hot",
     "lump_log_density",
+    "owns_bin",
     "window_value_ranges",
 ]
 
@@ -171,7 +172,12 @@ def certify_one_hot(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTab
     b = bin_index(theta, table)
     mean_radius = table.mean_radius.index_select(0, b)  # index_select: faster than advanced indexing
     mean = mean_radius[:, 0].contiguous()
-    certified = (theta - mean).abs() <= mean_radius[:, 1]
-    if table.several_windows:  # the bin must belong to the weight's own window
-        certified &= table.owner.index_select(0, b) == window_ids
+    certified = ((theta - mean).abs() <= mean_radius[:, 1]) & owns_bin(table, b, window_ids)
     return table.best.index_select(0, b), mean, certified
+
+
+def owns_bin(table: BinTable, bins: torch.Tensor, window_ids: torch.Tensor) -> torch.Tensor | bool:
+    """Whether each weight's bin belongs to the weight's own window (True when there is one window)."""
+    if not table.several_windows:
+        return True
+    return table.owner.index_select(0, bins) == window_ids
