@@ -23,12 +23,10 @@ from sqs_core._artifact_file import (
     HEADER_TENSOR,
     MAGIC,
     PREFIX,
-    _crc_table,
-    _payload_sha256,
     canonical,
     header_sha256,
-    raw_bytes,
     read_artifact,
+    seal,
 )
 from sqs_core._safetensors_format import safetensors_chunks
 from torch import nn
@@ -81,14 +79,8 @@ def _rebuild(path: Path, out: Path, *, packed: bytes | None = None, body: dict |
     tensors = dict(art.dense)
     tensors[HEADER_TENSOR] = torch.frombuffer(bytearray(packed), dtype=torch.uint8)
     tensors[BLOBS_TENSOR] = torch.cat(list(art.blobs.values()))
-    tensors[CRC_TABLE] = _crc_table(tensors)
     meta = {"magic": MAGIC, "format_version": 2}
-    meta["checksum"] = {
-        "algorithm": "sha256",
-        "header": header_sha256(meta | original),
-        "payload": _payload_sha256(tensors),
-        "crc32_table": zlib.crc32(raw_bytes(tensors[CRC_TABLE])),
-    }
+    meta["checksum"] = seal(meta | original, tensors)
     return _write(out, tensors, meta)
 
 
@@ -138,10 +130,10 @@ def test_decompression_bomb_is_refused(saved, tmp_path, monkeypatch):
 def test_flipped_blob_byte_names_the_layer(saved, tmp_path):
     _, skeleton, path = saved
     data = path.read_bytes()
-    end = 8 + int.from_bytes(data[:8], "little")
+    index, end = _index(data)
     art = read_artifact(path)
     start = art.blobs["first"].numel() + art.blobs["body.fc"].numel() // 2  # inside body.fc's blob
-    offset = _offsets(data)[BLOBS_TENSOR][0]
+    offset = index[BLOBS_TENSOR]["data_offsets"][0]
     flipped = bytearray(data)
     flipped[end + offset + start] ^= 0x10
     (tmp_path / "p.sqs").write_bytes(bytes(flipped))
@@ -152,9 +144,10 @@ def test_flipped_blob_byte_names_the_layer(saved, tmp_path):
         sqs.compression_report(tmp_path / "p.sqs")
 
 
-def _offsets(data: bytes) -> dict[str, list[int]]:
-    index = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
-    return {n: v["data_offsets"] for n, v in index.items() if n != "__metadata__"}
+def _index(data: bytes) -> tuple[dict, int]:
+    """A file's safetensors JSON index, and where its tensor data starts."""
+    end = 8 + int.from_bytes(data[:8], "little")
+    return json.loads(data[8:end]), end
 
 
 def test_blob_sizes_must_add_up(saved, tmp_path):
@@ -170,8 +163,7 @@ def test_blob_sizes_must_add_up(saved, tmp_path):
 
 
 def _meta(path: Path) -> dict:
-    data = path.read_bytes()
-    return json.loads(json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])["__metadata__"]["sqs"])
+    return json.loads(_index(path.read_bytes())[0]["__metadata__"]["sqs"])
 
 
 def _tensors(path: Path) -> dict:
@@ -199,13 +191,7 @@ def _version_1(path: Path, out: Path) -> Path:
         record.pop("crc32")
         assert "escaped" not in record  # version 1 had only the plain code layout
     tensors = dict(art.dense) | {PREFIX + n: b.clone() for n, b in art.blobs.items()}
-    tensors[CRC_TABLE] = _crc_table(tensors)
-    header["checksum"] = {
-        "algorithm": "sha256",
-        "header": header_sha256(header),
-        "payload": _payload_sha256(tensors),
-        "crc32_table": zlib.crc32(raw_bytes(tensors[CRC_TABLE])),
-    }
+    header["checksum"] = seal(header, tensors)
     return _write(out, tensors, header)
 
 

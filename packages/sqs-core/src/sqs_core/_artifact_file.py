@@ -88,15 +88,21 @@ def container(
     tensors = dict(dense)
     tensors[HEADER_TENSOR] = torch.frombuffer(bytearray(packed), dtype=torch.uint8)
     tensors[BLOBS_TENSOR] = torch.cat(blobs) if blobs else torch.zeros(0, dtype=torch.uint8)
-    tensors[CRC_TABLE] = _crc_table(tensors)
     meta: dict[str, Any] = {"magic": MAGIC, "format_version": FORMAT_VERSION}
-    meta["checksum"] = {
+    meta["checksum"] = seal(meta | body, tensors)
+    return tensors, {METADATA_KEY: canonical(meta)}
+
+
+def seal(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Add the CRC table to ``tensors`` and return the ``checksum`` entry for ``header`` (the whole header,
+    without ``checksum``) and every tensor (section 5 of docs/artifact.md)."""
+    tensors[CRC_TABLE] = _crc_table(tensors)
+    return {
         "algorithm": "sha256",
-        "header": header_sha256(meta | body),
+        "header": header_sha256(header),
         "payload": _payload_sha256(tensors),
         "crc32_table": zlib.crc32(raw_bytes(tensors[CRC_TABLE])),
     }
-    return tensors, {METADATA_KEY: canonical(meta)}
 
 
 # -- reading ----------------------------------------------------------------------------------------------
@@ -170,9 +176,7 @@ def _check_meta(where: str, meta: Any) -> None:
 
 def _body(where: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     """The decompressed, parsed ``@sqs/header`` of a version-2 file."""
-    packed = tensors.get(HEADER_TENSOR)
-    if packed is None or packed.dtype != torch.uint8 or packed.dim() != 1:
-        raise ValueError(f"{where}: the header tensor {HEADER_TENSOR!r} is missing or not a 1-D uint8 entry")
+    packed = _uint8_entry(where, tensors, HEADER_TENSOR)
     inflate = zlib.decompressobj()
     try:
         text = inflate.decompress(bytes(raw_bytes(packed)), MAX_HEADER_BYTES)

@@ -99,8 +99,6 @@ def save(
     ``nonzero`` / ``per_layer`` decide the pruning as in :func:`sqs_core.greedy_` (None keeps what the
     pruning schedule left); ``include_alternatives`` stores what sampling and Bayesian averaging need.
     """
-    from . import __version__  # here, not at import time: the package imports this module
-
     config = prepared_config(model)
     _check_flag("per_layer", per_layer)
     _check_flag("include_alternatives", include_alternatives)
@@ -114,7 +112,6 @@ def save(
         blobs.append(blob)
     dense = _dense_state(model, sqs_paths)
     body = {
-        "library": f"sqs-core {__version__}",
         "config": config.to_dict(),
         "nonzero": nonzero,
         "per_layer": per_layer,
@@ -132,8 +129,6 @@ def upgrade(source: str | os.PathLike, target: str | os.PathLike) -> None:
     the alternatives and every draw stay exactly as they were; only the bytes change (smaller header,
     escaped code layouts where they help). Atomic like :func:`save`; ``target`` may equal ``source``.
     """
-    from . import __version__
-
     art = read_artifact(source)
     records, blobs = [], []
     for rec, d in zip(art.records, art.posteriors().values(), strict=True):
@@ -141,15 +136,17 @@ def upgrade(source: str | os.PathLike, target: str | os.PathLike) -> None:
         records.append({"layers": rec["layers"], **record, "windows": rec["windows"]})
         blobs.append(blob)
     keys = ("config", "nonzero", "per_layer", "alternatives")
-    body = {"library": f"sqs-core {__version__}", **{k: art.header.get(k) for k in keys}, "compressed": records}
+    body = {**{k: art.header.get(k) for k in keys}, "compressed": records}
     _write(Path(os.fspath(target)), body, blobs, art.dense)
     log.info("upgraded %s (format %s) to %s", art.path, art.header["format_version"], os.fspath(target))
 
 
 def _write(path: Path, body: dict[str, Any], blobs: list[torch.Tensor], dense: dict[str, torch.Tensor]) -> int:
-    """Write the version-2 file of ``body`` (header without magic, version, checksums), the records' blobs
-    and the dense state atomically; returns its size in bytes."""
-    tensors, metadata = container(body, blobs, dense)
+    """Write the version-2 file of ``body`` (the header without magic, version, checksums and the writing
+    library, added here), the records' blobs and the dense state atomically; returns its size in bytes."""
+    from . import __version__  # here, not at import time: the package imports this module
+
+    tensors, metadata = container({"library": f"sqs-core {__version__}", **body}, blobs, dense)
     chunks, keep_alive = safetensors_chunks(tensors, metadata=metadata)
     _atomic_write(path, chunks)
     del keep_alive
