@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from sqs_core._bits import SMALL_COUNT, read_fields, set_bit_indices
+from sqs_core._bits import PYTHON_BITS, SMALL_COUNT, read_fields, set_bit_indices
 from sqs_core.packing import (
     MASK_ENCODINGS,
     RICE_HEADER_BYTES,
@@ -336,8 +336,8 @@ def test_rice_decode_on_both_sides_of_the_small_stream_path(length: int, density
 @given(masks(max_length=600), st.booleans())
 def test_set_bit_indices_equals_nonzero(mask: torch.Tensor, large: bool) -> None:
     """The Python-integer path (small streams) and the tensor path give the set bits' indices alike."""
-    if large:  # above SMALL_COUNT: the tensor path
-        mask = torch.cat([mask, torch.zeros(SMALL_COUNT, dtype=torch.bool), mask])
+    # above PYTHON_BITS the tensor path, up to it the Python-integer path
+    mask = torch.cat([mask, torch.zeros(PYTHON_BITS, dtype=torch.bool), mask]) if large else mask[:PYTHON_BITS]
     packed = pack_bits(mask, 1)
     assert torch.equal(set_bit_indices(packed, mask.numel()), mask.nonzero().squeeze(1))
 

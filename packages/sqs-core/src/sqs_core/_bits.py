@@ -10,6 +10,13 @@ from torch import Tensor
 __all__ = ["check_bits", "pack_bits", "packed_length", "read_fields", "unpack_bits"]
 
 
+SMALL_COUNT = 4096
+"""Streams shorter than this (in fields, or bits for a Rice stream) take paths with fewer tensor operations,
+which win where per-operation overhead, not bytes, is the cost: odd widths gather the bytes each field
+straddles (~15 operations, against ~60 for the column path), and a Rice stream is unpacked once."""
+PYTHON_BITS = 256  # 1-bit streams up to this long are read as a Python integer (set_bit_indices)
+
+
 def packed_length(count: int, bits: int) -> int:
     """Number of bytes ``ceil(count * bits / 8)`` that ``count`` values of ``bits`` bits occupy."""
     check_bits(bits)
@@ -125,11 +132,11 @@ def _gather_fields(stream: Tensor, bits: int, count: int, start_bit: int) -> Ten
 
 def set_bit_indices(packed: Tensor, count: int) -> Tensor:
     """Indices (int64, increasing) of the set bits among the first ``count`` bits of a 1-bit stream, i.e.
-    ``unpack_bits(packed, 1, count).nonzero()``; same checks. Small streams (the per-tensor tables of an
-    artifact) are read as one Python integer: one tensor operation instead of about ten."""
-    if count > SMALL_COUNT:
+    ``unpack_bits(packed, 1, count).nonzero()``; same checks. Streams of up to :data:`PYTHON_BITS` bits
+    (the per-tensor tables of an artifact) are read as one Python integer: one tensor operation instead of
+    about ten (a loop over the set bits, so only for short streams)."""
+    if count > PYTHON_BITS:
         return unpack_bits(packed, 1, count).nonzero().squeeze(1)
-    check_bits(1)
     if packed.dtype != torch.uint8 or packed.dim() != 1 or packed.numel() != (count + 7) // 8:
         check_packed(packed, 1, count)  # raises the usual error
     value = int.from_bytes(bytes(packed.tolist()), "little")
@@ -141,10 +148,6 @@ def set_bit_indices(packed: Tensor, count: int) -> Tensor:
         indices.append(low.bit_length() - 1)
         value ^= low
     return torch.tensor(indices, dtype=torch.int64, device=packed.device)
-
-
-SMALL_COUNT = 4096
-"""Below this many fields, odd widths take the gather path: its ~15 operations beat the column path's ~60."""
 
 
 @functools.cache
