@@ -151,22 +151,27 @@ def decode_mask(encoding: str, payload: Tensor, length: int) -> Tensor:
     if encoding == "bitmap":
         return unpack_bits(payload, 1, length).bool()
     if encoding == "rice":
-        positions, inverted = rice_decode_positions(payload, length)
-        mask = torch.full((length,), inverted, dtype=torch.bool, device=device)
-        mask[positions] = not inverted
-        return mask
+        return _rice_mask(*rice_decode_positions(payload, length), length)
     raise ValueError(f"unknown mask encoding {encoding!r}; expected one of {MASK_ENCODINGS}")
+
+
+def _rice_mask(positions: Tensor, inverted: bool, length: int) -> Tensor:
+    """The (length,) bool mask of decoded Rice positions (the pruned ones when ``inverted``)."""
+    mask = torch.full((length,), inverted, dtype=torch.bool, device=positions.device)
+    mask[positions] = not inverted
+    return mask
 
 
 def decode_kept_positions(encoding: str, payload: Tensor, length: int) -> Tensor:
     """The kept positions (increasing int64) of an encoded mask: ``decode_mask(...).nonzero()``, but
-    straight from a Rice code of the kept positions, so a dense weight is filled by ``out[positions] =
-    values`` (an index_put, several times faster than a boolean ``masked_scatter_``)."""
+    straight from a Rice code of the kept positions, so a dense weight is filled by one ``scatter_`` at
+    the positions (several times faster than a boolean ``masked_scatter_``)."""
     if encoding == "rice":
         _check_payload(payload, length)
         positions, inverted = rice_decode_positions(payload, length)
         if not inverted:
             return positions
+        return _rice_mask(positions, inverted, length).nonzero().squeeze(1)  # decoded once, not again
     if encoding == "bitmap":
         _check_payload(payload, length)
         return unpack_bits(payload, 1, length).nonzero().squeeze(1)  # uint8 0/1: no bool copy needed
