@@ -12,6 +12,7 @@ from sqs_core import chunked
 from sqs_core.mixture import component_log_density, log_responsibilities
 from sqs_core.onehot import CERTIFY_MARGIN, bin_table, certify_one_hot
 from sqs_core.posterior import SpikeGMMPosterior
+from torch import nn
 
 
 def _full_log_phi(theta, means, log_stds, mixing_logits, kind, temperature):
@@ -130,3 +131,18 @@ def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, wi
         ours, ref = ours + var.sum(), ref + ref_var.sum()
     for a, b in zip(torch.autograd.grad(ours, params), torch.autograd.grad(ref, params), strict=True):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_certified_fraction_is_a_share_of_one_hot_rows():
+    """Certified weights are one-hot, so their share is at most that of rows with max φ = 1; at the
+    default τ nearly all of a freshly prepared layer is covered, at τ = 0.5 none can be."""
+    shares = {}
+    for temperature in (5e-4, 0.5):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 64))
+        sqs.prepare_(model, sqs.SQSConfig(num_components=4, temperature=temperature))
+        (posterior,) = sqs.posteriors(model).values()
+        shares[temperature] = posterior.certified_fraction()
+        one_hot = float((posterior.responsibilities().max(1).values == 1).float().mean())
+        assert 0.0 <= shares[temperature] <= one_hot
+    assert shares[5e-4] > 0.9 and shares[0.5] == 0.0

@@ -61,14 +61,8 @@ for r in range(repeats + 1):
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 certified = None
 if mode == "sqs":  # the share of weights the one-hot certificate covers after the last step
-    from sqs_core.chunked import certified_levels
-    from sqs_core.prepare import posteriors
-    done = total = 0
-    for p in posteriors(model).values():
-        _, cert = certified_levels(p.weight.detach().reshape(-1), p.window_ids.reshape(-1), p.means.detach(), p.log_stds.detach(),
-                                   p.mixing_logits.detach(), p.config.responsibility, p.config.temperature)
-        done, total = done + int(cert.sum()), total + cert.numel()
-    certified = done / total
+    sizes_and_shares = [(p.weight.numel(), p.certified_fraction()) for p in sqs.posteriors(model).values()]
+    certified = sum(n * share for n, share in sizes_and_shares) / sum(n for n, _ in sizes_and_shares)
 print(json.dumps({"step_s": sorted(times[1:])[len(times[1:]) // 2], "steps_s": times, "peak_rss_mib": peak / 1024,
                   "rss_before_mib": base_rss / 1024, "certified_fraction": certified,
                   "params_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20}))

@@ -114,7 +114,7 @@ def expand_recipe(recipe: dict[str, Any], tier: str) -> list[dict[str, Any]]:
     tier_defaults = _read_toml(_recipe_dir() / "tiers.toml").get(tier, {})
     tier_recipe = recipe.get("tiers", {}).get(tier, {})
     meta = {k: recipe.get(k, "") for k in ("name", "title", "paper_table", "substitute")}
-    configs: list[dict[str, Any]] = []
+    configs: dict[str, dict[str, Any]] = {}  # by run id, in recipe order
     for run in recipe.get("runs", []):
         run = dict(run)
         grid = run.pop("grid", {})
@@ -140,6 +140,5 @@ def expand_recipe(recipe: dict[str, Any], tier: str) -> list[dict[str, Any]]:
             config["paper"] = recipe.get("paper", {})
             config["report"] = recipe.get("report", {})
             # a tier that maps two substitutes onto one paper model (model_map) runs that model once
-            if all(c["run_id"] != config["run_id"] for c in configs):
-                configs.append(config)
-    return configs
+            configs.setdefault(config["run_id"], config)
+    return list(configs.values())

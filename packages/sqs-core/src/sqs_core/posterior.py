@@ -187,6 +187,12 @@ class SpikeGMMPosterior(nn.Module):
             self.config.temperature,
         )
 
+    @torch.no_grad()
+    def certified_fraction(self) -> float:
+        """The share of weights whose φ is certified one-hot (:mod:`sqs_core.onehot`) at the current
+        parameters; a training step costs K-component work only for the others (docs/method.md)."""
+        return float(certified_levels(*self._flat_inputs())[1].float().mean())
+
     def _levels_and_uncertain(self):
         """(k*, meaningful where certified; a generator of (flat index, log φ) for the uncertified rest)."""
         theta, wid, means, log_stds, mixing, kind, temperature = self._flat_inputs()
