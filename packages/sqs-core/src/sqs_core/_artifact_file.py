@@ -26,7 +26,8 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from ._artifact_layout import check_record, decode_posterior, decode_weight, dtype_name
+from ._artifact_layout import check_record, decode_posterior, dtype_name
+from ._batch_decode import decode_weights
 from .discrete import DiscretePosterior
 
 MAGIC = "sqs"
@@ -120,8 +121,9 @@ class Artifact:
     index_bytes: dict[str, int]  # bytes of each tensor's own entry in the safetensors JSON header
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """Greedy weight of every posterior, keyed by its first layer name."""
-        return {r["layers"][0]: decode_weight(r["layers"][0], r, self.blobs[r["layers"][0]]) for r in self.records}
+        """Greedy weight of every posterior, keyed by its first layer name (decoded in batches: the tensors
+        may be views of shared buffers)."""
+        return decode_weights(self.records, self.blobs)
 
     def posteriors(self) -> dict[str, DiscretePosterior]:
         return {r["layers"][0]: decode_posterior(r["layers"][0], r, self.blobs[r["layers"][0]]) for r in self.records}

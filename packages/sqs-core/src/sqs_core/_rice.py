@@ -8,15 +8,35 @@ index_put instead of a boolean scatter.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from ._bits import SMALL_COUNT, pack_bits, read_fields, unpack_bits
+from ._bits import (
+    SMALL_COUNT,
+    pack_bits,
+    read_fields,
+    read_varying_fields,
+    set_bit_positions,
+    tensor_from_bytes,
+    unpack_bits,
+)
 
-__all__ = ["RICE_HEADER_BYTES", "RICE_INVERTED", "RicePlan", "rice_decode_positions", "rice_encode", "rice_plan"]
+__all__ = [
+    "RICE_HEADER_BYTES",
+    "RICE_INVERTED",
+    "RicePlan",
+    "RiceStream",
+    "parse_rice_header",
+    "per_element",
+    "rice_decode_batch",
+    "rice_decode_positions",
+    "rice_encode",
+    "rice_plan",
+]
 
 RICE_HEADER_BYTES = 10
 """Rice payload header: flags (1 byte), k (1 byte), position count m (uint64, little-endian)."""
@@ -79,10 +99,14 @@ def rice_encode(plan: RicePlan, device: torch.device) -> Tensor:
 
 
 def _read_header(payload: Tensor, length: int) -> tuple[bool, int, int]:
-    if payload.numel() < RICE_HEADER_BYTES:
-        raise ValueError(f"rice payload needs a {RICE_HEADER_BYTES}-byte header, got {payload.numel()} bytes")
-    header = bytes(payload[:RICE_HEADER_BYTES].tolist())
-    flags, k, m = header[0], header[1], int.from_bytes(header[2:], "little")
+    return parse_rice_header(bytes(payload[:RICE_HEADER_BYTES].tolist()), payload.numel(), length)
+
+
+def parse_rice_header(header: bytes, payload_bytes: int, length: int) -> tuple[bool, int, int]:
+    """(inverted, k, m) from the first bytes of a Rice payload of ``payload_bytes`` bytes; ValueError if bad."""
+    if payload_bytes < RICE_HEADER_BYTES:
+        raise ValueError(f"rice payload needs a {RICE_HEADER_BYTES}-byte header, got {payload_bytes} bytes")
+    flags, k, m = header[0], header[1], int.from_bytes(header[2:RICE_HEADER_BYTES], "little")
     if flags & ~RICE_INVERTED:
         raise ValueError(f"rice header has unknown flags {flags:#04x}")
     if m > length:
@@ -132,3 +156,91 @@ def rice_decode_positions(payload: Tensor, length: int) -> tuple[Tensor, bool]:
     if int(positions[-1]) >= length:
         raise ValueError(f"rice stream codes position {int(positions[-1])} in a mask of length {length}")
     return positions, inverted
+
+
+# -- many streams at once ---------------------------------------------------------------------------------
+MAX_BATCH_K = 16  # rice_decode_batch reads remainders of up to this many bits (a gap mean of ~90,000)
+
+
+class RiceStream(NamedTuple):
+    """One Rice payload split by :func:`parse_rice_header`: the bit stream after the header, k, m, and the
+    length of the mask it codes (every position must lie below it)."""
+
+    body: bytes
+    k: int
+    m: int
+    length: int
+
+
+def rice_decode_batch(streams: list[RiceStream], shifts: list[int] | None = None) -> Tensor:
+    """The coded positions of every stream, concatenated (each stream's m increasing positions in turn,
+    plus the stream's entry of ``shifts`` when given):
+    :func:`rice_decode_positions` of each, with ~25 tensor operations in all instead of ~10 per stream.
+    Requires k ≤ :data:`MAX_BATCH_K`. Raises ValueError if a stream is inconsistent (without naming it:
+    decode the streams one by one for the precise error)."""
+    if not streams:
+        return torch.zeros(0, dtype=torch.int64)
+    counts = [s.m for s in streams]
+    total_bytes, total_count, rows = 0, 0, []  # per stream: unary start bit, remainder start bit, k, first index
+    for s in streams:
+        if s.k > MAX_BATCH_K or s.m * s.k > 8 * len(s.body):
+            raise ValueError("a rice stream is too short for its remainders (or k is out of the batch range)")
+        rows.append((8 * total_bytes + s.m * s.k, 8 * total_bytes, s.k, total_count))
+        total_bytes, total_count = total_bytes + len(s.body), total_count + s.m
+    joined = b"".join(s.body for s in streams)
+    data = tensor_from_bytes(joined + bytes(3))
+    ends = set_bit_positions(tensor_from_bytes(_unary_only(joined, rows)))
+    found = torch.searchsorted(ends, torch.tensor([row[0] for row in rows] + [8 * total_bytes])).tolist()
+    if found[0] != 0 or [b - a for a, b in itertools.pairwise(found)] != counts:
+        raise ValueError("a rice stream's unary code count disagrees with its header")
+    # per coded position: unary start, remainder start − first·k, k, 2^k − 1 (one repeat, then contiguous rows)
+    stream_of = torch.repeat_interleave(torch.tensor(counts, dtype=torch.int64))  # (M,) each coded position's stream
+    unary, shifted, k, low = per_element(stream_of, [(a, b - first * k, k, (1 << k) - 1) for a, b, k, first in rows])
+    local_end = ends.sub_(unary)
+    remainders = read_varying_fields(data, torch.arange(total_count).mul_(k).add_(shifted), k, low)
+    steps = remainders.sub_(low).cumsum_(0)  # Σ_{j≤i} (r_j + 1 − 2^k) over all streams so far
+    before = torch.cat([steps.new_zeros(1), steps]).index_select(
+        0, torch.tensor([row[3] for row in rows], dtype=torch.int64)
+    )
+    if shifts is not None:
+        before -= torch.tensor(shifts, dtype=torch.int64)
+    last = torch.tensor([row[3] + s.m - 1 for s, row in zip(streams, rows, strict=True) if s.m], dtype=torch.int64)
+    last_ends = local_end.index_select(0, last).tolist()
+    positions = local_end.bitwise_left_shift_(k).add_(steps).add_(low)  # in place: local_end is gone
+    positions -= before.index_select(0, stream_of)
+    tops = positions.index_select(0, last).tolist()
+    if shifts is not None:
+        used = [shift for shift, s in zip(shifts, streams, strict=True) if s.m]
+        tops = [top - shift for top, shift in zip(tops, used, strict=True)]
+    _check_batch_ends(streams, last_ends, tops)
+    return positions
+
+
+def _unary_only(joined: bytes, rows: list[tuple[int, int, int, int]]) -> bytearray:
+    """The streams' bytes with every remainder bit cleared: only the unary terminators stay set."""
+    out = bytearray(joined)
+    for unary, remainders, _, _ in rows:
+        if unary > remainders:
+            whole, part = divmod(unary - remainders, 8)
+            start = remainders // 8
+            out[start : start + whole] = bytes(whole)
+            if part:
+                out[start + whole] &= 0xFF ^ ((1 << part) - 1)
+    return out
+
+
+def per_element(segment_of: Tensor, rows: list[tuple[int, ...]]) -> list[Tensor]:
+    """Column j of ``rows`` (one row of ints per segment) spread over the elements: element i gets row
+    ``segment_of[i]``'s value. One gather per column (a 2-D repeat_interleave and transpose cost ~3× more)."""
+    return [torch.tensor(column, dtype=torch.int64).index_select(0, segment_of) for column in zip(*rows, strict=True)]
+
+
+def _check_batch_ends(streams: list[RiceStream], last_ends: list[int], last_positions: list[int]) -> None:
+    """Each stream's byte count, last gap and last position, as :func:`rice_decode_positions` checks them."""
+    ends, tops = iter(last_ends), iter(last_positions)
+    for s in streams:
+        end, top = (next(ends), next(tops)) if s.m else (-1, -1)
+        if (s.m * s.k + end + 1 + 7) // 8 != len(s.body):
+            raise ValueError("a rice stream's length disagrees with its codes")
+        if s.m and (end - (s.m - 1) > (s.length - 1) >> s.k or top >= s.length):
+            raise ValueError("a rice stream codes a position beyond its mask's length")

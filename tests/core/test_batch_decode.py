@@ -1,0 +1,224 @@
+"""The batched greedy decoder (Artifact.weights, load) against the one-tensor-at-a-time decoder.
+
+``decode_weight`` is the reference (its own round trip is tested in test_artifact.py); the batch must give
+the same bits for every layout a record can have, and the same named errors for damaged records.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from sqs_core import _batch_decode
+from sqs_core._artifact_layout import decode_weight, encode
+from sqs_core._batch_codes import CodeStream, decode_code_streams
+from sqs_core._batch_decode import decode_weights
+from sqs_core._batch_plan import plan_record
+from sqs_core._bits import pack_bits, read_varying_fields, set_bit_positions
+from sqs_core._rice import RICE_HEADER_BYTES, RiceStream, parse_rice_header, rice_decode_batch
+from sqs_core.discrete import DiscretePosterior
+from sqs_core.packing import decode_kept_positions, encode_mask
+
+
+@st.composite
+def posteriors(draw: st.DrawFn) -> DiscretePosterior:
+    """A greedy DiscretePosterior whose levels are skewed (so the escaped layout is often chosen) and whose
+    keep rate selects every mask encoding ("all", bitmap, Rice)."""
+    numel = draw(st.integers(1, 3000))
+    k, w = draw(st.sampled_from([2, 4, 16])), draw(st.integers(1, 3))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
+    keep = torch.rand(numel, generator=gen) < draw(st.sampled_from([0.05, 0.3, 0.5, 0.9, 1.0]))
+    central = torch.rand(numel, generator=gen) < draw(st.sampled_from([0.5, 0.97, 1.0]))
+    window_ids = torch.where(central, 0, torch.randint(0, w, (numel,), generator=gen))
+    dtype = draw(st.sampled_from([torch.float32, torch.float16]))
+    codebook = torch.randn(w, k, generator=gen).to(dtype)
+    codebook[0, 0] = -0.0  # a kept −0 must stay −0, a pruned weight is +0
+    return DiscretePosterior(
+        shape=(numel,) if draw(st.booleans()) else (1, numel),
+        codebook=codebook,
+        window_ids=window_ids.to(torch.uint8),
+        greedy=torch.randint(0, k, (numel,), generator=gen, dtype=torch.uint8),
+        keep=keep,
+        alt_index=torch.zeros(0, dtype=torch.long),
+        alt_probs=torch.zeros(0, k),
+    )
+
+
+def _records(dists: list[DiscretePosterior]) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    records, blobs = [], {}
+    for i, d in enumerate(dists):
+        record, blob = encode(d, alternatives=False)
+        records.append(record | {"layers": [f"layer{i}"]})
+        blobs[f"layer{i}"] = blob
+    return records, blobs
+
+
+def _assert_bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert torch.equal(a, b) and torch.equal(torch.signbit(a), torch.signbit(b))
+
+
+@given(dists=st.lists(posteriors(), min_size=1, max_size=6))
+def test_batch_equals_one_by_one(dists):
+    records, blobs = _records(dists)
+    got = decode_weights(records, blobs)
+    assert list(got) == [r["layers"][0] for r in records]
+    for rec in records:
+        name = rec["layers"][0]
+        _assert_bits_equal(got[name], decode_weight(name, rec, blobs[name]))
+
+
+def test_the_batch_covers_every_mask_and_code_layout():
+    """Bitmap, Rice and "all" masks, plain and escaped codes are all planned (not left to decode_weight)."""
+    torch.manual_seed(0)
+    dists = []
+    for keep_rate, central in ((0.5, 0.97), (0.05, 0.99), (1.0, 0.97), (0.5, 1.0), (0.05, 1.0)):
+        n = 20000
+        dists.append(
+            DiscretePosterior(
+                shape=(n,),
+                codebook=torch.randn(3, 4),
+                window_ids=torch.where(torch.rand(n) < central, 0, torch.randint(0, 3, (n,))).to(torch.uint8),
+                greedy=torch.randint(0, 4, (n,), dtype=torch.uint8),
+                keep=torch.rand(n) < keep_rate,
+                alt_index=torch.zeros(0, dtype=torch.long),
+                alt_probs=torch.zeros(0, 4),
+            )
+        )
+    records, blobs = _records(dists)
+    assert [r["mask"] for r in records] == ["bitmap", "rice", "all", "bitmap", "rice"]
+    assert ["escaped" in r for r in records] == [True, True, True, False, False]
+    assert all(plan_record(r["layers"][0], r, blobs[r["layers"][0]]) is not None for r in records)
+    got = decode_weights(records, blobs)
+    for rec in records:
+        _assert_bits_equal(got[rec["layers"][0]], decode_weight(rec["layers"][0], rec, blobs[rec["layers"][0]]))
+
+
+@given(
+    masks=st.lists(st.tuples(st.integers(0, 2000), st.sampled_from([0.001, 0.05, 0.3, 0.5])), max_size=5),
+    seed=st.integers(0, 2**16),
+)
+def test_rice_decode_batch_equals_one_by_one(masks, seed):
+    gen = torch.Generator().manual_seed(seed)
+    streams, expected, shifts = [], [], []
+    for length, rate in masks:
+        mask = torch.rand(length, generator=gen) < rate
+        _, payload = encode_mask(mask, encoding="rice")
+        raw = bytes(payload.tolist())
+        inverted, k, m = parse_rice_header(raw, len(raw), length)
+        if inverted:
+            continue
+        shift = int(torch.randint(0, 10**6, (1,), generator=gen))
+        streams.append(RiceStream(raw[RICE_HEADER_BYTES:], k, m, length))
+        expected.append(decode_kept_positions("rice", payload, length) + shift)
+        shifts.append(shift)
+    got = rice_decode_batch(streams, shifts)
+    assert torch.equal(got, torch.cat(expected) if expected else torch.zeros(0, dtype=torch.int64))
+
+
+def test_rice_decode_batch_rejects_a_short_stream():
+    _, payload = encode_mask(torch.rand(500, generator=torch.Generator().manual_seed(0)) < 0.1, encoding="rice")
+    raw = bytes(payload.tolist())
+    _, k, m = parse_rice_header(raw, len(raw), 500)
+    with pytest.raises(ValueError, match="rice stream"):
+        rice_decode_batch([RiceStream(raw[RICE_HEADER_BYTES:-1], k, m, 500)])
+    with pytest.raises(ValueError, match="beyond"):
+        rice_decode_batch([RiceStream(raw[RICE_HEADER_BYTES:], k, m, 100)])
+
+
+@given(data=st.binary(max_size=600))
+def test_set_bit_positions_equals_nonzero(data):
+    packed = torch.tensor(list(data), dtype=torch.uint8)
+    expected = torch.tensor([8 * i + j for i, byte in enumerate(data) for j in range(8) if byte >> j & 1])
+    assert torch.equal(set_bit_positions(packed), expected.long())
+
+
+@given(data=st.binary(min_size=1, max_size=64), fields=st.lists(st.tuples(st.integers(0, 10**4), st.integers(0, 16))))
+def test_read_varying_fields(data, fields):
+    fields = [(offset % (8 * len(data)), width) for offset, width in fields]
+    value = int.from_bytes(data, "little")
+    expected = [(value >> offset) & ((1 << width) - 1) for offset, width in fields]
+    padded = torch.tensor([*data, 0, 0, 0], dtype=torch.uint8)
+    offsets = torch.tensor([o for o, _ in fields], dtype=torch.int64)
+    widths = torch.tensor([w for _, w in fields], dtype=torch.int64)
+    assert read_varying_fields(padded, offsets, widths).tolist() == expected
+
+
+@given(
+    streams=st.lists(st.tuples(st.integers(0, 8), st.integers(0, 700), st.integers(0, 2**16)), min_size=1, max_size=6)
+)
+def test_code_streams_equal_a_table_lookup(streams):
+    codebook = torch.cat([torch.randn(300), torch.zeros(1)])
+    cases, expected = [], []
+    for bits, count, seed in streams:
+        gen = torch.Generator().manual_seed(seed)
+        size = int(torch.randint(1, (1 << bits) + 1, (1,), generator=gen))
+        table = torch.randint(0, 300, (size,), generator=gen)
+        codes = torch.randint(0, size, (count,), generator=gen)
+        packed = bytes(pack_bits(codes, bits).tolist()) if bits else b""
+        cases.append(CodeStream(packed, count, bits, table.tolist()))
+        expected.append(codebook[table[codes]])
+    for got, want in zip(decode_code_streams(cases, codebook), expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_code_past_its_table_is_rejected():
+    codebook = torch.cat([torch.randn(8), torch.zeros(1)])
+    for bits in (2, 3):
+        packed = bytes(pack_bits(torch.tensor([0, 1, 3, 0]), bits).tolist())
+        with pytest.raises(ValueError, match="past its table"):
+            decode_code_streams([CodeStream(packed, 4, bits, [5, 6, 7])], codebook)
+
+
+def test_damaged_record_in_a_batch_names_its_tensor():
+    """A bitmap whose kept count disagrees with the header passes the plan; the batch's count check fails and
+    the one-by-one decoder names the tensor."""
+    torch.manual_seed(0)
+    n = 64
+    dists = [
+        DiscretePosterior(
+            shape=(n,),
+            codebook=torch.randn(1, 4),
+            window_ids=torch.zeros(n, dtype=torch.uint8),
+            greedy=torch.randint(0, 4, (n,), dtype=torch.uint8),
+            keep=torch.arange(n) % 2 == 0,
+            alt_index=torch.zeros(0, dtype=torch.long),
+            alt_probs=torch.zeros(0, 4),
+        )
+        for _ in range(2)
+    ]
+    records, blobs = _records(dists)
+    assert records[1]["mask"] == "bitmap"
+    mask_start = records[1]["sections"]["codebook"]
+    blobs["layer1"] = blobs["layer1"].clone()
+    blobs["layer1"][mask_start] ^= 0x02  # one more kept weight
+    assert plan_record("layer1", records[1], blobs["layer1"]) is not None
+    with pytest.raises(ValueError, match="layer1"):
+        decode_weights(records, blobs)
+
+
+def test_a_batch_that_disagrees_with_the_reference_is_an_internal_error(monkeypatch):
+    records, blobs = _records(_two_small())
+
+    def refuse(plans, dtype):
+        raise ValueError("forced")
+
+    monkeypatch.setattr(_batch_decode, "_decode_group", refuse)
+    with pytest.raises(RuntimeError, match="internal"):
+        decode_weights(records, blobs)
+
+
+def _two_small() -> list[DiscretePosterior]:
+    torch.manual_seed(1)
+    return [
+        DiscretePosterior(
+            shape=(40,),
+            codebook=torch.randn(1, 2),
+            window_ids=torch.zeros(40, dtype=torch.uint8),
+            greedy=torch.randint(0, 2, (40,), dtype=torch.uint8),
+            keep=torch.rand(40) < 0.5,
+            alt_index=torch.zeros(0, dtype=torch.long),
+            alt_probs=torch.zeros(0, 2),
+        )
+    ]
