@@ -12,8 +12,10 @@ model's file rate is measured by the sqs-bench runner).
 Each case is saved with and without the Bayesian-averaging alternatives and reports the file's bytes for
 the compressed tensors against the paper's formula (log2 K bits per kept weight + 32 bits per codebook
 entry) and against that formula + 1 mask bit per weight; save and load wall times (best of ``repeats``);
-and dequantization throughput in weights/s: the packed-index gather alone (``unpack_gather``) and the
-whole greedy decode of a tensor (mask decode + gather + scatter into the dense weight).
+and dequantization throughput in weights/s: the packed-index gather alone (``unpack_gather``), the
+whole greedy decode of the largest tensor (mask decode + gather + scatter into the dense weight), and the
+greedy decode of every compressed tensor of the file, batched (``Artifact.weights``, what ``load`` uses)
+against one tensor at a time. ``--trained FILE...`` adds the whole-model decode of trained artifacts.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 import sqs_core as sqs
 import torch
 from _timing import best_seconds  # this folder, on sys.path when run as a script
+from sqs_core._artifact_file import Artifact
 from sqs_core._artifact_layout import _Decoded, decode_weight, encode
 from sqs_core.artifact import read_artifact
 from sqs_core.packing import decode_mask
@@ -155,7 +158,7 @@ def throughput(path: Path, repeats: int) -> dict:
     mask_s = best_seconds(lambda: decode_mask(rec["mask"], dec.parts["mask"], dec.numel), repeats)
     decode_s = best_seconds(lambda: decode_weight(name, rec, blob), repeats)
     read_s = best_seconds(lambda: read_artifact(path), repeats)
-    return {
+    return model_decode(art, repeats) | {
         "throughput_tensor": name,
         "code_bits": rec["code_bits"],
         "gather_weights_per_s": rec["kept"] / gather_s,  # per kept weight: code streams to values alone
@@ -163,6 +166,33 @@ def throughput(path: Path, repeats: int) -> dict:
         "decode_weights_per_s": dec.numel / decode_s,  # per weight: mask + gather + scatter
         "read_and_verify_s": read_s,  # read the file, parse, both checksums, no decoding
     }
+
+
+def model_decode(art: Artifact, repeats: int) -> dict:
+    """Greedy weights of every compressed tensor of the file: the batched decoder (``Artifact.weights``,
+    which ``load`` uses) against decoding the tensors one by one, side by side in this process."""
+    weights = sum(math.prod(r["shape"]) for r in art.records)
+    batched_s = best_seconds(art.weights, repeats, warmup=True)
+    one_by_one_s = best_seconds(
+        lambda: [decode_weight(r["layers"][0], r, art.blobs[r["layers"][0]]) for r in art.records],
+        repeats,
+        warmup=True,
+    )
+    return {
+        "model_weights": weights,
+        "model_decode_weights_per_s": weights / batched_s,  # all tensors, batched (Artifact.weights)
+        "model_decode_one_by_one_weights_per_s": weights / one_by_one_s,
+        "model_decode_speedup": one_by_one_s / batched_s,
+    }
+
+
+def trained_files(paths: list[Path], repeats: int) -> list[dict]:
+    """Whole-model greedy decode of artifacts written by training runs (e.g. sqs-bench's Table 1 files)."""
+    rows = []
+    for path in paths:
+        art = read_artifact(path)
+        rows.append({"file": path.name, "format_version": art.header["format_version"]} | model_decode(art, repeats))
+    return rows
 
 
 def machine() -> dict:
@@ -197,6 +227,10 @@ def print_table(rows: list[dict]) -> None:
             f"read+verify {row['read_and_verify_s']:.3f} s, posteriors {row['discrete_posteriors_s']:.1f} s, "
             f"encode {row['encode_s']:.2f} s"
         )
+        print(
+            f"{'':<10} whole model ({row['model_weights']:,} weights): batched {row['model_decode_weights_per_s']:.3e}"
+            f" weights/s, one by one {row['model_decode_one_by_one_weights_per_s']:.3e} ({row['model_decode_speedup']:.2f}x)"
+        )
         bound = row["entropy_bound"]
         print(
             f"{'':<10} i.i.d. entropy bound: {bound['index_entropy_bits_per_kept_weight']:.3f} bits per kept "
@@ -209,7 +243,11 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--trained", type=Path, nargs="*", default=[], help="artifact files to decode whole")
     args = parser.parse_args()
+    missing = [str(p) for p in args.trained if not p.is_file()]
+    if missing:
+        parser.error(f"--trained: no such file(s) {missing}; nox -s bench writes them under runs/cifar10/artifacts")
     info = machine()
     rows = [measure(f"linear{args.size}", *linear_case(args.size), args.repeats)]
     rows.append(measure("resnet20-random", *resnet20_case(), args.repeats))
@@ -221,8 +259,14 @@ def main() -> None:
             "weights_per_s": TARGET_WEIGHTS_PER_S,
         },
         "cases": rows,
+        "trained_files": trained_files(args.trained, args.repeats),
     }
     print_table(rows)
+    for row in result["trained_files"]:
+        print(
+            f"{row['file']}: {row['model_weights']:,} weights, batched {row['model_decode_weights_per_s']:.3e}/s, "
+            f"one by one {row['model_decode_one_by_one_weights_per_s']:.3e}/s ({row['model_decode_speedup']:.2f}x)"
+        )
     print(json.dumps(result["machine"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

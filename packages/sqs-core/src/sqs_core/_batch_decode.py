@@ -30,9 +30,10 @@ from ._artifact_layout import FLOAT_DTYPES, decode_weight
 from ._batch_codes import CodeStream, decode_code_streams
 from ._batch_plan import RecordPlan, plan_record
 from ._bits import tensor_from_bytes
-from ._rice import rice_decode_batch
+from ._rice import RiceStream, rice_decode_batch, rice_decode_positions
 
 _ORDER = {"bitmap": 0, "rice": 1, "all": 2}  # bitmap records first: their values, then the +0 sentinel
+RICE_BATCH_LIMIT = 8192  # Rice streams with more positions are decoded alone (see _scatter_rice)
 BITMAP_CHUNK_BYTES = 8192
 """Mask bytes per step of the bitmap gather: its 256 KiB int32 index is reused. One index for a whole model
 (4 bytes per weight) costs more in fresh-page faults than the gather itself (~1 µs per 4 KiB page here)."""
@@ -97,8 +98,22 @@ def _apply_escapes(plans: list[RecordPlan], codebook: Tensor, offsets: list[int]
             ranks.append((p.escape_stream, starts[i]))
             codes.append(CodeStream(p.escape_codes, p.escape_stream.m, p.escape_bits, [offsets[i] + e for e in p.rest]))
     if ranks:
-        at = rice_decode_batch([stream for stream, _ in ranks], [shift for _, shift in ranks])
-        values.scatter_(0, at, torch.cat(decode_code_streams(codes, codebook)))
+        _scatter_rice(values, ranks, decode_code_streams(codes, codebook))
+
+
+def _scatter_rice(target: Tensor, streams: list[tuple[RiceStream, int]], values: list[Tensor]) -> None:
+    """``target[shift + p] = value`` for each stream's coded positions p and its values. Streams of fewer
+    than RICE_BATCH_LIMIT positions are decoded together; longer ones alone, by the single-stream decoder,
+    which costs fewer operations per position."""
+    small = [i for i, (stream, _) in enumerate(streams) if stream.m < RICE_BATCH_LIMIT]
+    if small:
+        at = rice_decode_batch([streams[i][0] for i in small], [streams[i][1] for i in small])
+        target.scatter_(0, at, torch.cat([values[i] for i in small]))
+    for (stream, shift), piece in zip(streams, values, strict=True):
+        if stream.m >= RICE_BATCH_LIMIT:
+            payload = bytes([0, stream.k]) + stream.m.to_bytes(8, "little") + stream.body
+            at, _ = rice_decode_positions(tensor_from_bytes(payload), stream.length)
+            target.scatter_(0, at.add_(shift), piece)
 
 
 # -- values to weights ------------------------------------------------------------------------------------
@@ -161,13 +176,14 @@ def _place_bitmaps(plans: list[RecordPlan], values: Tensor, n_bitmap: int) -> di
 
 
 def _place_rice(plans: list[RecordPlan], values: Tensor) -> dict[str, Tensor]:
-    regions, start = [], 0
+    streams, pieces, region, start = [], [], 0, 0
     for p in plans:
-        regions.append(start)
-        start += p.numel
-    positions = rice_decode_batch([p.mask_stream for p in plans if p.mask_stream is not None], regions)
-    dense = values.new_zeros(sum(p.numel for p in plans))
-    dense.scatter_(0, positions, values)
+        if p.mask_stream is not None:
+            streams.append((p.mask_stream, region))
+            pieces.append(values[start : start + p.kept])
+        region, start = region + p.numel, start + p.kept
+    dense = values.new_zeros(region)
+    _scatter_rice(dense, streams, pieces)
     out, start = {}, 0
     for p in plans:
         out[p.name] = dense[start : start + p.numel].view(p.shape)

@@ -182,36 +182,36 @@ def check_packed(packed: Tensor, bits: int, count: int) -> None:
 
 
 def read_varying_fields(data: Tensor, offsets: Tensor, widths: Tensor, masks: Tensor | None = None) -> Tensor:
-    """Field i of ``widths[i]`` ∈ 0..16 bits from bit ``offsets[i]`` of ``data`` (uint8), LSB first, as int64;
-    ``masks`` (2^width − 1) when the caller has them. ``data`` must hold two bytes past the first byte of
-    every field (pad it); no other checks."""
-    wide = data.long()
+    """Field i of ``widths[i]`` ∈ 0..16 bits from bit ``offsets[i]`` of ``data`` (uint8), LSB first, in
+    ``offsets``' integer dtype; ``masks`` (2^width − 1) when the caller has them. ``data`` must hold two bytes
+    past the first byte of every field (pad it); no other checks."""
+    wide = data.to(offsets.dtype)
     words = wide[:-2] | (wide[1:-1] << 8) | (wide[2:] << 16)  # the 24 bits from each byte on
     masks = (torch.ones_like(widths) << widths) - 1 if masks is None else masks
     return words.index_select(0, offsets >> 3).bitwise_right_shift_(offsets & 7).bitwise_and_(masks)
 
 
 @functools.cache
-def _set_bit_tables() -> tuple[Tensor, Tensor]:
-    """(256,) int64 set bits of each byte value; (256·8,) int64 their bit indices, ascending, row-major."""
-    counts = torch.tensor([bin(v).count("1") for v in range(256)], dtype=torch.int64)
-    bits = torch.zeros(256, 8, dtype=torch.int64)
+def _set_bit_tables(dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(256,) set bits of each byte value; (256·8,) their bit indices, ascending, row-major."""
+    counts = torch.tensor([bin(v).count("1") for v in range(256)], dtype=dtype)
+    bits = torch.zeros(256, 8, dtype=dtype)
     for v in range(256):
         ones = [j for j in range(8) if v >> j & 1]
-        bits[v, : len(ones)] = torch.tensor(ones, dtype=torch.int64)
+        bits[v, : len(ones)] = torch.tensor(ones, dtype=dtype)
     return counts, bits.reshape(-1)
 
 
-def set_bit_positions(data: Tensor) -> Tensor:
-    """Stream indices (int64, increasing) of the set bits of ``data`` (uint8; bit j of byte i is 8i + j):
+def set_bit_positions(data: Tensor, dtype: torch.dtype = torch.int64) -> Tensor:
+    """Stream indices (increasing, ``dtype``) of the set bits of ``data`` (uint8; bit j of byte i is 8i + j):
     ``unpack_bits(data, 1, 8 * len(data)).nonzero()`` by byte tables, in operations over the bytes and the
     set bits only (``nonzero`` over every bit costs ~4 ns a bit here)."""
-    counts_of, bits_of = _set_bit_tables()
-    byte = data.long()
+    counts_of, bits_of = _set_bit_tables(dtype)
+    byte = data.to(dtype)
     counts = counts_of.index_select(0, byte)
     byte_of = torch.repeat_interleave(counts)  # (M,) the byte of each set bit
-    before = counts.cumsum(0).sub_(counts).index_select(0, byte_of)  # set bits in earlier bytes
-    rank = torch.arange(byte_of.numel()).sub_(before)  # among its byte's set bits
+    before = counts.cumsum(0, dtype=dtype).sub_(counts).index_select(0, byte_of)  # set bits in earlier bytes
+    rank = torch.arange(byte_of.numel(), dtype=dtype).sub_(before)  # among its byte's set bits
     bit = bits_of.index_select(0, byte.index_select(0, byte_of).mul_(8).add_(rank))
     return byte_of.mul_(8).add_(bit)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -189,21 +190,22 @@ def rice_decode_batch(streams: list[RiceStream], shifts: list[int] | None = None
         total_bytes, total_count = total_bytes + len(s.body), total_count + s.m
     joined = b"".join(s.body for s in streams)
     data = tensor_from_bytes(joined + bytes(3))
-    ends = set_bit_positions(tensor_from_bytes(_unary_only(joined, rows)))
-    found = torch.searchsorted(ends, torch.tensor([row[0] for row in rows] + [8 * total_bytes])).tolist()
+    bound = 8 * total_bytes + max(shifts or [0]) + sum(s.m << s.k for s in streams) + max(s.length for s in streams)
+    work = torch.int32 if bound < 1 << 31 else torch.int64  # int32 halves every pass (and its fresh pages)
+    ends = set_bit_positions(tensor_from_bytes(_unary_only(joined, rows)), work)
+    found = torch.searchsorted(ends, torch.tensor([row[0] for row in rows] + [8 * total_bytes], dtype=work)).tolist()
     if found[0] != 0 or [b - a for a, b in itertools.pairwise(found)] != counts:
         raise ValueError("a rice stream's unary code count disagrees with its header")
-    # per coded position: unary start, remainder start − first·k, k, 2^k − 1 (one repeat, then contiguous rows)
-    stream_of = torch.repeat_interleave(torch.tensor(counts, dtype=torch.int64))  # (M,) each coded position's stream
-    unary, shifted, k, low = per_element(stream_of, [(a, b - first * k, k, (1 << k) - 1) for a, b, k, first in rows])
+    stream_of = torch.repeat_interleave(torch.tensor(counts, dtype=work))  # (M,) each coded position's stream
+    # per coded position: unary start, remainder start − first·k, k, 2^k − 1
+    columns = [(a, b - first * k, k, (1 << k) - 1) for a, b, k, first in rows]
+    unary, shifted, k, low = per_element(stream_of, columns, work)
     local_end = ends.sub_(unary)
-    remainders = read_varying_fields(data, torch.arange(total_count).mul_(k).add_(shifted), k, low)
+    remainders = read_varying_fields(data, torch.arange(total_count, dtype=work).mul_(k).add_(shifted), k, low)
     steps = remainders.sub_(low).cumsum_(0)  # Σ_{j≤i} (r_j + 1 − 2^k) over all streams so far
-    before = torch.cat([steps.new_zeros(1), steps]).index_select(
-        0, torch.tensor([row[3] for row in rows], dtype=torch.int64)
-    )
+    before = torch.cat([steps.new_zeros(1), steps]).index_select(0, torch.tensor([row[3] for row in rows]))
     if shifts is not None:
-        before -= torch.tensor(shifts, dtype=torch.int64)
+        before -= torch.tensor(shifts, dtype=work)
     last = torch.tensor([row[3] + s.m - 1 for s, row in zip(streams, rows, strict=True) if s.m], dtype=torch.int64)
     last_ends = local_end.index_select(0, last).tolist()
     positions = local_end.bitwise_left_shift_(k).add_(steps).add_(low)  # in place: local_end is gone
@@ -213,7 +215,7 @@ def rice_decode_batch(streams: list[RiceStream], shifts: list[int] | None = None
         used = [shift for shift, s in zip(shifts, streams, strict=True) if s.m]
         tops = [top - shift for top, shift in zip(tops, used, strict=True)]
     _check_batch_ends(streams, last_ends, tops)
-    return positions
+    return positions.long()
 
 
 def _unary_only(joined: bytes, rows: list[tuple[int, int, int, int]]) -> bytearray:
@@ -229,10 +231,10 @@ def _unary_only(joined: bytes, rows: list[tuple[int, int, int, int]]) -> bytearr
     return out
 
 
-def per_element(segment_of: Tensor, rows: list[tuple[int, ...]]) -> list[Tensor]:
+def per_element(segment_of: Tensor, rows: Sequence[tuple[int, ...]], dtype: torch.dtype = torch.int64) -> list[Tensor]:
     """Column j of ``rows`` (one row of ints per segment) spread over the elements: element i gets row
     ``segment_of[i]``'s value. One gather per column (a 2-D repeat_interleave and transpose cost ~3× more)."""
-    return [torch.tensor(column, dtype=torch.int64).index_select(0, segment_of) for column in zip(*rows, strict=True)]
+    return [torch.tensor(column, dtype=dtype).index_select(0, segment_of) for column in zip(*rows, strict=True)]
 
 
 def _check_batch_ends(streams: list[RiceStream], last_ends: list[int], last_positions: list[int]) -> None:
