@@ -5,8 +5,13 @@
     (large gradients: the means drift fast) and with the layer's own fp32 output as the target (the
     self-distillation of compression fine-tuning). The step's cost depends on the share of weights the
     one-hot certificate covers (sqs_core.onehot), so each SQS case also reports that share after its steps.
+Each model runs three ways: plain fine-tuning, SQS (eager) and SQS with ``compile_kernels=True`` (the
+per-weight passes as torch.compile'd kernels, sqs_core._fused). Step times are the median of the steps after
+the first; the first step of the compiled case, which compiles its kernels, is reported apart (``first_step_s``,
+and ``compile_s`` = first step − median step). Each compiled case compiles into a fresh, empty inductor cache,
+so this is the cost a user pays once per machine (``--warm-cache`` keeps the user's cache: the cost per process).
 Each case runs in a fresh subprocess so peak RSS is measured per case (resource.getrusage). Writes JSON
-to docs/results/step_bench.json and prints a table. Usage: python bench_step.py [--quick]
+to docs/results/step_bench.json and prints a table. Usage: python bench_step.py [--quick] [--warm-cache]
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,8 +52,8 @@ else:  # linear4096: a random regression target; linear4096-distill: the layer's
     with torch.no_grad():
         target = model(x) if kind.endswith("distill") else torch.randn(batch, 4096)
     loss_fn = lambda out: F.mse_loss(out, target)
-if mode == "sqs":
-    sqs.prepare_(model, sqs.SQSConfig(num_components=k, windows="outlier"))
+if mode.startswith("sqs"):
+    sqs.prepare_(model, sqs.SQSConfig(num_components=k, windows="outlier", compile_kernels=mode == "sqs-compiled"))
     objective = sqs.Objective(model, num_data=50000)
     opt = torch.optim.AdamW(sqs.param_groups(model, other_lr=1e-3))
     loss_of = lambda out: objective(loss_fn(out))
@@ -60,28 +66,52 @@ for r in range(repeats + 1):
     t = time.perf_counter(); loss = loss_of(model(x)); opt.zero_grad(); loss.backward(); opt.step(); times.append(time.perf_counter() - t)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 certified = None
-if mode == "sqs":  # the share of weights the one-hot certificate covers after the last step
+if mode.startswith("sqs"):  # the share of weights the one-hot certificate covers after the last step
     sizes_and_shares = [(p.weight.numel(), p.certified_fraction()) for p in sqs.posteriors(model).values()]
     certified = sum(n * share for n, share in sizes_and_shares) / sum(n for n, _ in sizes_and_shares)
-print(json.dumps({"step_s": sorted(times[1:])[len(times[1:]) // 2], "steps_s": times, "peak_rss_mib": peak / 1024,
+print(json.dumps({"step_s": sorted(times[1:])[len(times[1:]) // 2], "steps_s": times, "first_step_s": times[0], "peak_rss_mib": peak / 1024,
                   "rss_before_mib": base_rss / 1024, "certified_fraction": certified,
                   "params_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20}))
 """
 
 
-def run_case(kind, mode, batch, k, repeats):
-    out = subprocess.run(
-        [sys.executable, "-c", CASE, kind, mode, str(batch), str(k), str(repeats)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def run_case(kind, mode, batch, k, repeats, cold_cache=False):
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
+        if cold_cache:
+            env["TORCHINDUCTOR_CACHE_DIR"] = cache
+        out = subprocess.run(
+            [sys.executable, "-c", CASE, kind, mode, str(batch), str(k), str(repeats)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if mode == "sqs-compiled":
+        result["compile_s"] = result["first_step_s"] - result["step_s"]
+    return result
+
+
+def _row(kind, batch, k, plain, ours, compiled):
+    return {
+        "model": kind,
+        "batch": batch,
+        "K": k,
+        "plain": plain,
+        "sqs": ours,
+        "sqs_compiled": compiled,
+        "time_ratio": ours["step_s"] / plain["step_s"],
+        "time_ratio_compiled": compiled["step_s"] / plain["step_s"],
+        "peak_memory_ratio": ours["peak_rss_mib"] / plain["peak_rss_mib"],
+        "peak_memory_ratio_compiled": compiled["peak_rss_mib"] / plain["peak_rss_mib"],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and batch sizes")
+    parser.add_argument("--warm-cache", action="store_true", help="compile into the user's inductor cache")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).resolve().parents[3] / "docs/results/step_bench.json"
     )
@@ -92,22 +122,16 @@ def main() -> None:
     rows = []
     for kind, batch, k in cases:
         plain, ours = run_case(kind, "plain", batch, k, repeats), run_case(kind, "sqs", batch, k, repeats)
-        rows.append(
-            {
-                "model": kind,
-                "batch": batch,
-                "K": k,
-                "plain": plain,
-                "sqs": ours,
-                "time_ratio": ours["step_s"] / plain["step_s"],
-                "peak_memory_ratio": ours["peak_rss_mib"] / plain["peak_rss_mib"],
-            }
-        )
+        compiled = run_case(kind, "sqs-compiled", batch, k, repeats, cold_cache=not args.warm_cache)
+        rows.append(_row(kind, batch, k, plain, ours, compiled))
         r = rows[-1]
         print(
             f"{kind:>10} batch {batch:>5} K={k:<3} step {plain['step_s']:.3f}s -> {ours['step_s']:.3f}s "
-            f"(x{r['time_ratio']:.2f})  peak RSS {plain['peak_rss_mib']:.0f} -> {ours['peak_rss_mib']:.0f} MiB "
-            f"(x{r['peak_memory_ratio']:.2f}), certified {ours['certified_fraction']:.4f}",
+            f"(x{r['time_ratio']:.2f}), compiled {compiled['step_s']:.3f}s (x{r['time_ratio_compiled']:.2f}, "
+            f"first step {compiled['first_step_s']:.1f}s)  peak RSS {plain['peak_rss_mib']:.0f} -> "
+            f"{ours['peak_rss_mib']:.0f} / {compiled['peak_rss_mib']:.0f} MiB "
+            f"(x{r['peak_memory_ratio']:.2f} / x{r['peak_memory_ratio_compiled']:.2f}), "
+            f"certified {ours['certified_fraction']:.4f} / {compiled['certified_fraction']:.4f}",
             flush=True,
         )
     machine = {

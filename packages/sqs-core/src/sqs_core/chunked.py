@@ -41,6 +41,7 @@ class PosteriorSpec:
     temperature: float
     gate_temperature: float
     spike_variance: float = 0.0  # σ_0² for the Gaussian-"spike" ablation family, else 0
+    compiled: bool = False  # the per-weight passes as torch.compile'd kernels (sqs_core._fused)
 
 
 def _chunk_ranges(numel: int, num_components: int) -> Iterator[tuple[int, int]]:
@@ -267,18 +268,17 @@ def _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds):
     g_means.index_add_(0, flat, dm.double())
 
 
-def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, theta, spec, gm, gv, lam):
+def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, theta, spec, gm, gv, lam, moments=None):
     """Recompute the uncovered weights of ``block`` with a graph and accumulate their gradients; returns
-    their (m, s) values."""
+    their (m, s) values. ``moments``: :func:`_uncovered_moments` or the compiled one (sqs_core._fused)."""
+    moments = moments or _uncovered_moments
     means, log_stds, mixing_logits = leaves
     u = block.u
     th_leaf = theta[block.a :][u].detach().requires_grad_(g_theta is not None)
     with torch.enable_grad():
         log_mix = F.log_softmax(mixing_logits, dim=-1)
         second = gv is not None
-        m, s, _ = _uncovered_moments(
-            th_leaf, block.wid, block.near, block.table, means, log_stds, log_mix, spec, second
-        )
+        m, s, _ = moments(th_leaf, block.wid, block.near, block.table, means, log_stds, log_mix, spec, second)
     outputs, grads_out = [m], [gm * lam]
     if gv is not None:
         gv = gv[u]
@@ -300,7 +300,12 @@ def posterior_moments(
 ):
     """Differentiable (θ^avg, Var or empty, k*) for flat inputs; see :class:`_PosteriorMoments`.
     ``window_ranges`` (W, 2): each window's smallest and largest θ, when the caller caches them."""
-    return _PosteriorMoments.apply(
+    function: type[torch.autograd.Function] = _PosteriorMoments
+    if spec.compiled:
+        from ._fused import FusedPosteriorMoments  # torch.compile machinery only when asked for
+
+        function = FusedPosteriorMoments
+    return function.apply(
         theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second, window_ranges
     )
 
@@ -348,6 +353,11 @@ class _GateKL(torch.autograd.Function):
         return g_gate, g_comp, None, None, None, None, None
 
 
-def gate_kl(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep):
-    """Differentiable KL sum of one posterior; see :class:`_GateKL`."""
-    return _GateKL.apply(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep)
+def gate_kl(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep, *, compiled=False):
+    """Differentiable KL sum of one posterior; see :class:`_GateKL` (``compiled``: sqs_core._fused)."""
+    function: type[torch.autograd.Function] = _GateKL
+    if compiled:
+        from ._fused import FusedGateKL  # torch.compile machinery only when asked for
+
+        function = FusedGateKL
+    return function.apply(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep)

@@ -83,11 +83,13 @@ class BinTable:
 
 
 def bin_table(
-    theta, window_ids, means, log_stds, log_mixing, kind: str, temperature: float, window_ranges=None
+    theta, window_ids, means, log_stds, log_mixing, kind: str, temperature: float, window_ranges=None, *, bounds=None
 ) -> BinTable:
     """The table for the flat weights ``theta`` (windows ``window_ids``) and (W, K) component parameters
     (no graph): B·K work plus one min/max pass over the weights. Valid for exactly these weights.
-    ``window_ranges`` (W, 2), each window's smallest and largest weight, if the caller has them cached."""
+    ``window_ranges`` (W, 2), each window's smallest and largest weight, if the caller has them cached.
+    ``bounds``: :func:`_bin_bounds` or a compiled version of it (sqs_core._fused)."""
+    bounds = bounds or _bin_bounds
     th, (num_windows, k) = theta.detach(), means.shape
     means, log_stds, log_mixing = means.detach(), log_stds.detach(), log_mixing.detach()
     if window_ranges is None:
@@ -102,11 +104,9 @@ def bin_table(
     owner = _bin_owners(window_ranges, num_windows, left, right)
     row = owner.clamp(min=0)
     mu, log_std = means[row], log_stds[row]  # (B, K): each bin with its owner's components
-    dist = torch.clamp(torch.maximum(left[:, None] - mu, mu - right[:, None]), min=0.0)
-    peak = log_mixing[row] - log_std - HALF_LOG_2PI
-    bound = peak - 0.5 * dist * dist * torch.exp(-2 * log_std)  # Q_bk
     width_top = max(3, NEARBY + 1)
-    top = torch.topk(torch.cat([bound, bound.new_full((bins, width_top), -math.inf)], dim=1), width_top, dim=1)
+    peak, padded = bounds(left, right, mu, log_std, log_mixing[row], width_top)
+    top = torch.topk(padded, width_top, dim=1)
     j = top.indices[:, :1]
     q_min = _certifying_log_density(top.values[:, 1], top.values[:, 2], kind, temperature, k)
     slack = peak.gather(1, j).squeeze(1) - q_min  # q_j(θ) = peak_j − ½ z² ≥ q_min  ⟺  |z| ≤ √(2·slack)
@@ -120,6 +120,15 @@ def bin_table(
     nearby = top.indices[:, :NEARBY].clamp(max=k - 1) + row[:, None] * k
     several = num_windows > 1
     return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, several, nearby, lumpable, bool(lumpable.any()))
+
+
+def _bin_bounds(left, right, mu, log_std, log_mixing, pad: int):
+    """(peak_bk = log π_k − log σ_k − ½log 2π, Q_bk = peak_bk − ½ dist(μ_k, bin b)²/σ_k² padded with ``pad``
+    columns of −inf), both (B, ·), for bins [left, right] and each bin's owner's (B, K) components."""
+    dist = torch.clamp(torch.maximum(left[:, None] - mu, mu - right[:, None]), min=0.0)
+    peak = log_mixing - log_std - HALF_LOG_2PI
+    bound = peak - 0.5 * dist * dist * torch.exp(-2 * log_std)  # Q_bk
+    return peak, torch.cat([bound, bound.new_full((bound.shape[0], pad), -math.inf)], dim=1)
 
 
 def bin_index(theta: torch.Tensor, table: BinTable) -> torch.Tensor:

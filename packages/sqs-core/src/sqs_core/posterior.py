@@ -91,6 +91,7 @@ class SpikeGMMPosterior(nn.Module):
             temperature=self.config.temperature,
             gate_temperature=float(self.gate_temperature),
             spike_variance=spike_var,
+            compiled=self.config.compile_kernels,
         )
 
     def keep_probs(self) -> torch.Tensor:
@@ -165,6 +166,7 @@ class SpikeGMMPosterior(nn.Module):
             kstar,
             float(self.gate_temperature),
             keep,
+            compiled=self.config.compile_kernels,
         )
 
     # -- inference ----------------------------------------------------------------------------------

@@ -1,0 +1,203 @@
+"""The opt-in compiled path (SQSConfig.compile_kernels, sqs_core._fused) against the eager one.
+
+Compiling is slow (seconds per kernel variant), so the matrix below is chosen to reach every kernel
+variant once (responsibility kind × second moments × grad of θ × prior) in float64, on small layers.
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import sqs_core as sqs
+import torch
+from sqs_core import _fused, chunked
+from sqs_core.posterior import SpikeGMMPosterior
+from torch import nn
+
+# inductor's own use of torch.jit.script_method, not ours
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+# name: (config settings, second moments, whether weights take the NEARBY-component path)
+CASES = {
+    "paper-K4-none-trained-theta": (
+        dict(num_components=4, windows="none", temperature=5e-3, train_weight=True),
+        False,
+        False,
+    ),
+    "paper-K16-outlier-gaussian": (dict(num_components=16, prior=sqs.GaussianPrior(slab_std=0.7)), True, True),
+    "standard-K6-outlier": (dict(num_components=6, responsibility="standard", temperature=0.05), True, False),
+    "standard-K12-none-gaussian": (
+        dict(num_components=12, windows="none", responsibility="standard", prior=sqs.GaussianPrior(slab_std=0.5)),
+        False,
+        False,
+    ),
+}
+
+
+def _posterior(settings, compiled, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(24, 17, generator=g) * 0.1
+    w.view(-1)[:3] = torch.tensor([2.0, -1.5, 1.2])  # outliers, so the tail windows exist
+    config = sqs.SQSConfig(**settings, compile_kernels=compiled)
+    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(seed)).double()
+    with torch.no_grad():  # spread the gates and move the means off the weights: some weights uncovered
+        p.gate_logits.add_(torch.randn(p.gate_logits.shape, generator=g, dtype=torch.float64) * 0.02)
+        p.means.add_(torch.randn(p.means.shape, generator=g, dtype=torch.float64) * 0.01)
+        p.mask.view(-1)[::5] = False
+    return p
+
+
+def _values_and_grads(p, second):
+    """θ^avg, Var, k*, the KL and the gradients of a random linear functional of all three."""
+    mean, var = p.moments(second=second)
+    kstar = p._kstar.clone()
+    kl = p.kl()
+    g = torch.Generator().manual_seed(1)
+    out = (mean * torch.randn(mean.shape, generator=g, dtype=mean.dtype)).sum() + 1e-3 * kl
+    if second:
+        out = out + (var * torch.randn(var.shape, generator=g, dtype=var.dtype)).sum()
+    params = [p.means, p.log_stds, p.mixing_logits, p.gate_logits] + ([p.weight] if p.config.train_weight else [])
+    grads = torch.autograd.grad(out, params)
+    return [mean.detach(), (var.detach() if second else mean.detach()), kl.detach(), *grads], kstar
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 96)  # several chunks, the last one smaller
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_values_and_gradients_match_eager(small_chunks, case):
+    settings, second, nearby = CASES[case]
+    eager, compiled = _posterior(settings, False), _posterior(settings, True)
+    fraction = compiled.certified_fraction()
+    assert 0.2 < fraction < 1.0  # both the certified and the uncovered paths run
+    before = {name: kernel.calls for name, kernel in _fused.KERNELS.items()}
+    want, want_kstar = _values_and_grads(eager, second)
+    got, got_kstar = _values_and_grads(compiled, second)
+    calls = {name: kernel.calls - before[name] for name, kernel in _fused.KERNELS.items()}
+    moments = "_moments_second" if second else "_moments_first"
+    for name in ("_bin_bounds", moments, "_one_hot_backward", "_gate_kl_sum", "_gate_kl_backward"):
+        assert calls[name] > 0, (name, calls)
+    assert (calls["_nearby_columns"] > 0) == nearby, calls
+    assert calls["_full_columns"] > 0 or nearby, calls
+    assert torch.equal(got_kstar, want_kstar)
+    for index, (a, b) in enumerate(zip(got, want, strict=True)):
+        scale = float(b.abs().max())
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * max(scale, 1.0), msg=f"output {index}")
+
+
+def test_compiled_path_limits_match_eager(small_chunks):
+    """λ̃ → 1 with every gate kept: θ^avg = μ_k* wherever φ is certified one-hot, on both paths."""
+    settings = CASES["standard-K6-outlier"][0]
+    eager, compiled = _posterior(settings, False), _posterior(settings, True)
+    for p in (eager, compiled):
+        with torch.no_grad():
+            p.mask.fill_(True)
+            p.gate_logits.fill_(1.0)  # λ̃ = sigmoid(1/τ') = 1 in float64
+    want, got = eager.posterior_mean().detach(), compiled.posterior_mean().detach()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+    assert torch.equal(compiled._kstar, eager._kstar)
+    flat = compiled.weight.detach().reshape(-1), compiled.window_ids.reshape(-1)
+    params = (compiled.means.detach(), compiled.log_stds.detach(), compiled.mixing_logits.detach(), "standard", 0.05)
+    _, certified = chunked.certified_levels(*flat, *params)
+    levels = compiled.level_values(compiled._kstar.reshape(compiled.weight.shape)).reshape(-1)
+    assert 0 < int(certified.sum()) < certified.numel()
+    assert torch.equal(got.reshape(-1)[certified], levels[certified])
+
+
+def test_flag_reaches_the_layers_it_names():
+    model = nn.Sequential(nn.Linear(17, 24), nn.Linear(24, 3))
+    settings = CASES["paper-K4-none-trained-theta"][0]  # the same kernel variants as that case: no new compile
+    config = sqs.SQSConfig(**settings, overrides={r"^0$": {"compile_kernels": True}})
+    sqs.prepare_(model, config)
+    model.double()
+    first, second = sqs.posteriors(model).values()
+    assert first.spec().compiled and not second.spec().compiled
+    assert first.config.compile_kernels and not second.config.compile_kernels
+    before = _fused.KERNELS["_moments_first"].calls
+    model[1](torch.randn(2, 24, dtype=torch.float64))  # the eager layer: no compiled call
+    assert _fused.KERNELS["_moments_first"].calls == before
+    model(torch.randn(2, 17, dtype=torch.float64)).sum().backward()
+    assert _fused.KERNELS["_moments_first"].calls == before + 1
+    assert first.gate_logits.grad is not None and torch.isfinite(first.gate_logits.grad).all()
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_compile_kernels_must_be_a_bool(value):
+    with pytest.raises(ValueError, match="compile_kernels"):
+        sqs.SQSConfig(compile_kernels=value)
+    with pytest.raises(ValueError, match="compile_kernels"):
+        sqs.SQSConfig(overrides={"fc": {"compile_kernels": value}})
+
+
+def test_compile_kernels_in_the_dict_only_when_set():
+    assert "compile_kernels" not in sqs.SQSConfig().to_dict()  # configs and artifacts written before it
+    config = sqs.SQSConfig(compile_kernels=True)
+    assert config.to_dict()["compile_kernels"] is True
+    assert sqs.SQSConfig.from_dict(config.to_dict()) == config
+    assert sqs.SQSConfig.from_dict(sqs.SQSConfig().to_dict()) == sqs.SQSConfig()
+
+
+def test_import_compiles_nothing():
+    script = (
+        "import sys, json, sqs_core\n"
+        "print(json.dumps([m in sys.modules for m in ('sqs_core._fused', 'torch._dynamo', 'torch._inductor')]))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [False, False, False]
+
+
+def test_bernoulli_kl_rewrite_is_stable():
+    """The compiled gate KL writes KL(Bern(λ̃)‖Bern(λ)) with one exp and one log1p; check it against the
+    eager formula where |ℓ| is huge (λ̃ saturates) and where it is moderate."""
+    from sqs_core.mixture import bernoulli_kl
+
+    scaled = torch.tensor([-800.0, -40.0, -3.0, 0.0, 2.5, 35.0, 900.0], dtype=torch.float64)
+    ones = torch.ones_like(scaled, dtype=torch.bool)
+    zeros = torch.zeros_like(scaled, dtype=torch.uint8)
+    keep = 0.3
+    args = (torch.zeros(1, dtype=torch.float64), _fused._scalar(1.0), 1)
+    logs = (_fused._scalar(math.log(keep)), _fused._scalar(math.log1p(-keep)))
+    for i in range(scaled.numel()):  # the kernel's body, uncompiled: its formula
+        one = scaled[i : i + 1]
+        got = _fused._gate_kl_sum(one, ones[i : i + 1], zeros[i : i + 1], zeros[i : i + 1], *args, *logs)
+        torch.testing.assert_close(got, bernoulli_kl(one, keep).sum(), rtol=1e-12, atol=1e-12)
+
+
+def test_compile_failure_names_the_switch(monkeypatch):
+    def broken(fn, **options):
+        def run(*args):
+            raise OSError("no C++ compiler")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    kernel = _fused._Kernel(_fused._keep)
+    args = (torch.ones(1, dtype=torch.bool), _fused._scalar(1.0))
+    _, lam = kernel(torch.zeros(1), *args)  # sizes 0 and 1 run the body eagerly: nothing compiled
+    assert kernel.compiled is None and float(lam) == 0.5
+    with pytest.raises(RuntimeError, match="compile_kernels=False"):
+        kernel(torch.zeros(4), args[0].expand(4), args[1])
+
+
+def test_one_graph_for_every_layer_shape():
+    """Layers of other shapes and sizes reuse the compiled kernels: no recompile (views of a conv weight
+    would otherwise make dynamo guard on the base's shape)."""
+    from torch._dynamo.utils import counters
+
+    settings = {**CASES["paper-K4-none-trained-theta"][0], "compile_kernels": True}
+
+    def step(model, x):
+        sqs.prepare_(model, sqs.SQSConfig(**settings))
+        model.double()
+        out = model(x.double())
+        (out.square().mean() + 1e-3 * sqs.Objective(model, num_data=10).kl()).backward()
+
+    torch.manual_seed(0)
+    step(nn.Sequential(nn.Conv2d(3, 6, 3), nn.Flatten(), nn.Linear(6 * 4 * 4, 5)), torch.randn(2, 3, 6, 6))
+    graphs = counters["stats"]["unique_graphs"]
+    step(nn.Sequential(nn.Linear(40, 33), nn.Conv1d(1, 5, 4)), torch.randn(3, 1, 40))
+    assert counters["stats"]["unique_graphs"] == graphs
