@@ -16,8 +16,12 @@ from sqs_core import _fused, chunked
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
 
-# inductor's own use of torch.jit.script_method, not ours
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+# inductor's own warnings: its use of torch.jit.script_method, and its optional numpy import (sqs-core's test
+# environment has no numpy)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:Failed to initialize NumPy:UserWarning"),
+]
 
 # name: (config settings, second moments, whether weights take the NEARBY-component path)
 CASES = {
