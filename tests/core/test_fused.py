@@ -16,12 +16,8 @@ from sqs_core import _fused, chunked
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
 
-# inductor's own warnings: its use of torch.jit.script_method, and its optional numpy import (sqs-core's test
-# environment has no numpy)
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:Failed to initialize NumPy:UserWarning"),
-]
+# inductor's own use of torch.jit.script_method, not ours (its numpy warning: pyproject.toml)
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
 # name: (config settings, second moments, whether weights take the NEARBY-component path)
 CASES = {
