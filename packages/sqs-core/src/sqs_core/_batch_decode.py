@@ -31,8 +31,8 @@ from torch import Tensor
 from ._artifact_layout import FLOAT_DTYPES, decode_weight
 from ._batch_codes import CodeStream, decode_code_streams
 from ._batch_plan import RecordPlan, plan_record
-from ._bits import tensor_from_bytes
-from ._rice import RiceStream, rice_decode_batch, rice_decode_positions
+from ._bits import set_bit_tables, tensor_from_bytes
+from ._rice import RiceStream, rice_decode_batch, rice_decode_stream
 
 _ORDER = {"bitmap": 0, "rice": 1, "all": 2}  # bitmap records first: their values, then the +0 sentinel
 RICE_BATCH_LIMIT = 8192
@@ -74,9 +74,13 @@ def _decode_group(plans: list[RecordPlan], dtype: torch.dtype) -> dict[str, Tens
         offsets.append(base)
         base += len(p.codebook) // codebook.element_size()
     values = _kept_values(plans, codebook, offsets)  # bitmap records' values, +0, the others' values
-    n_bitmap = sum(p.kept for p in plans if p.mask == "bitmap")
-    _apply_escapes(plans, codebook, offsets, values)
-    return _place(plans, values, n_bitmap)
+    starts, start = [], 0  # where each record's values begin in ``values``
+    for i, p in enumerate(plans):
+        start += p.mask != "bitmap" and (i == 0 or plans[i - 1].mask == "bitmap")  # past the sentinel
+        starts.append(start)
+        start += p.kept
+    _apply_escapes(plans, codebook, offsets, values, starts)
+    return _place(plans, values, starts)
 
 
 # -- codes to values --------------------------------------------------------------------------------------
@@ -91,13 +95,9 @@ def _kept_values(plans: list[RecordPlan], codebook: Tensor, offsets: list[int]) 
     return torch.cat([*pieces[:split], codebook[-1:], *pieces[split:]])
 
 
-def _apply_escapes(plans: list[RecordPlan], codebook: Tensor, offsets: list[int], values: Tensor) -> None:
+def _apply_escapes(plans: list[RecordPlan], codebook: Tensor, offsets: list[int], values: Tensor, starts: list[int]):
     """Overwrite the escaped weights' values: S's entry of each escape code, at the escaped kept ranks."""
-    starts, start, ranks, codes = [], 0, [], []
-    for i, p in enumerate(plans):  # where each record's values begin: the sentinel follows the bitmap records'
-        start += p.mask != "bitmap" and (i == 0 or plans[i - 1].mask == "bitmap")
-        starts.append(start)
-        start += p.kept
+    ranks, codes = [], []
     for i, p in enumerate(plans):
         if p.escape_stream is not None:
             ranks.append((p.escape_stream, starts[i]))
@@ -116,45 +116,39 @@ def _scatter_rice(target: Tensor, streams: list[tuple[RiceStream, int]], values:
         target.scatter_(0, at, torch.cat([values[i] for i in small]))
     for (stream, shift), piece in zip(streams, values, strict=True):
         if stream.m >= RICE_BATCH_LIMIT:
-            payload = bytes([0, stream.k]) + stream.m.to_bytes(8, "little") + stream.body
-            at, _ = rice_decode_positions(tensor_from_bytes(payload), stream.length)
-            target.scatter_(0, at.add_(shift), piece)
+            target.scatter_(0, rice_decode_stream(stream).add_(shift), piece)
 
 
 # -- values to weights ------------------------------------------------------------------------------------
 @functools.cache
-def _byte_ranks() -> tuple[Tensor, Tensor]:
-    """(256,) int32 set bits of each byte value; (256, 8) int32 rank of bit j among the byte's set bits, or
-    2^30 where bit j is clear (clamped to the sentinel's index)."""
-    counts = torch.tensor([bin(v).count("1") for v in range(256)], dtype=torch.int32)
+def _byte_ranks() -> Tensor:
+    """(256, 8) int32: the rank of bit j among the set bits of byte value v, or 2^30 where bit j is clear
+    (clamped to the sentinel's index)."""
+    counts, bits = set_bit_tables(torch.int64)
     ranks = torch.full((256, 8), 1 << 30, dtype=torch.int32)
     for v in range(256):
-        set_bits = [j for j in range(8) if v >> j & 1]
-        ranks[v, set_bits] = torch.arange(len(set_bits), dtype=torch.int32)
-    return counts, ranks
+        ranks[v, bits[8 * v : 8 * v + counts[v]]] = torch.arange(int(counts[v]), dtype=torch.int32)
+    return ranks
 
 
-def _place(plans: list[RecordPlan], values: Tensor, n_bitmap: int) -> dict[str, Tensor]:
+def _place(plans: list[RecordPlan], values: Tensor, starts: list[int]) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
-    start = n_bitmap + 1  # the bitmap records' values, then the sentinel
     bitmaps = [p for p in plans if p.mask == "bitmap"]
     if bitmaps:
-        out |= _place_bitmaps(bitmaps, values, n_bitmap)
-    rice = [p for p in plans if p.mask == "rice"]
+        out |= _place_bitmaps(bitmaps, values, sum(p.kept for p in bitmaps))  # the sentinel follows them
+    rice = [(p, start) for p, start in zip(plans, starts, strict=True) if p.mask == "rice"]
     if rice:
-        out |= _place_rice(rice, values[start : start + sum(p.kept for p in rice)])
-        start += sum(p.kept for p in rice)
-    for p in plans:
+        out |= _place_rice(rice, values)
+    for p, start in zip(plans, starts, strict=True):
         if p.mask == "all":
             out[p.name] = values[start : start + p.kept].view(p.shape)
-            start += p.kept
     return out
 
 
 def _place_bitmaps(plans: list[RecordPlan], values: Tensor, n_bitmap: int) -> dict[str, Tensor]:
     """Weight i of a bitmap record takes the value at its rank among the kept weights, or +0 (the sentinel
     at ``n_bitmap``): no ``nonzero`` over the weights and no scatter."""
-    counts_of, ranks_of = _byte_ranks()
+    counts_of, ranks_of = set_bit_tables(torch.int32)[0], _byte_ranks()
     data = tensor_from_bytes(b"".join(p.mask_bytes for p in plans)).int()
     counts = counts_of.index_select(0, data)
     kept_before = counts.cumsum(0, dtype=torch.int32)
@@ -180,17 +174,15 @@ def _place_bitmaps(plans: list[RecordPlan], values: Tensor, n_bitmap: int) -> di
     return out
 
 
-def _place_rice(plans: list[RecordPlan], values: Tensor) -> dict[str, Tensor]:
-    streams, pieces, region, start = [], [], 0, 0
-    for p in plans:
+def _place_rice(plans: list[tuple[RecordPlan, int]], values: Tensor) -> dict[str, Tensor]:
+    """Records with a Rice mask (each with where its values begin): one scatter at their decoded positions."""
+    streams, pieces, regions, region = [], [], [], 0
+    for p, start in plans:
         if p.mask_stream is not None:
             streams.append((p.mask_stream, region))
             pieces.append(values[start : start + p.kept])
-        region, start = region + p.numel, start + p.kept
+        regions.append(region)
+        region += p.numel
     dense = values.new_zeros(region)
     _scatter_rice(dense, streams, pieces)
-    out, start = {}, 0
-    for p in plans:
-        out[p.name] = dense[start : start + p.numel].view(p.shape)
-        start += p.numel
-    return out
+    return {p.name: dense[at : at + p.numel].view(p.shape) for (p, _), at in zip(plans, regions, strict=True)}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from ._artifact_layout import SECTIONS, _numel
+from ._bits import set_bits_of
 from ._codes import field_bits
 from ._rice import MAX_BATCH_K, RICE_HEADER_BYTES, RiceStream, parse_rice_header
 
@@ -121,11 +122,4 @@ def _zero_padding(packed: bytes, used_bits: int) -> bool:
 
 def _set_bits(packed: bytes, count: int) -> list[int] | None:
     """Indices of the set bits of a 1-bit stream of ``count`` bits; None if its size or padding is wrong."""
-    if not _zero_padding(packed, count):
-        return None
-    value, out = int.from_bytes(packed, "little"), []
-    while value:
-        low = value & -value
-        out.append(low.bit_length() - 1)
-        value ^= low
-    return out
+    return set_bits_of(int.from_bytes(packed, "little")) if _zero_padding(packed, count) else None

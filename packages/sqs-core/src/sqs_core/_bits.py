@@ -142,12 +142,17 @@ def set_bit_indices(packed: Tensor, count: int) -> Tensor:
     value = int.from_bytes(bytes(packed.tolist()), "little")
     if value >> count:
         raise ValueError(f"padding bits of the last byte are not zero (last byte {int(packed[-1]):#04x})")
+    return torch.tensor(set_bits_of(value), dtype=torch.int64, device=packed.device)
+
+
+def set_bits_of(value: int) -> list[int]:
+    """The indices of the set bits of a non-negative int, ascending (a loop over the set bits)."""
     indices = []
     while value:
         low = value & -value
         indices.append(low.bit_length() - 1)
         value ^= low
-    return torch.tensor(indices, dtype=torch.int64, device=packed.device)
+    return indices
 
 
 @functools.cache
@@ -192,7 +197,7 @@ def read_varying_fields(data: Tensor, offsets: Tensor, widths: Tensor, masks: Te
 
 
 @functools.cache
-def _set_bit_tables(dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def set_bit_tables(dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """(256,) set bits of each byte value; (256·8,) their bit indices, ascending, row-major."""
     counts = torch.tensor([bin(v).count("1") for v in range(256)], dtype=dtype)
     bits = torch.zeros(256, 8, dtype=dtype)
@@ -206,7 +211,7 @@ def set_bit_positions(data: Tensor, dtype: torch.dtype = torch.int64) -> Tensor:
     """Stream indices (increasing, ``dtype``) of the set bits of ``data`` (uint8; bit j of byte i is 8i + j):
     ``unpack_bits(data, 1, 8 * len(data)).nonzero()`` by byte tables, in operations over the bytes and the
     set bits only (``nonzero`` over every bit costs ~4 ns a bit here)."""
-    counts_of, bits_of = _set_bit_tables(dtype)
+    counts_of, bits_of = set_bit_tables(dtype)
     byte = data.to(dtype)
     counts = counts_of.index_select(0, byte)
     byte_of = torch.repeat_interleave(counts)  # (M,) the byte of each set bit

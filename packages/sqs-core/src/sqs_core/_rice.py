@@ -32,9 +32,9 @@ __all__ = [
     "RicePlan",
     "RiceStream",
     "parse_rice_header",
-    "per_element",
     "rice_decode_batch",
     "rice_decode_positions",
+    "rice_decode_stream",
     "rice_encode",
     "rice_plan",
 ]
@@ -126,10 +126,18 @@ def rice_decode_positions(payload: Tensor, length: int) -> tuple[Tensor, bool]:
     Raises ValueError on a damaged header or stream (wrong counts, sizes, or a position ≥ ``length``).
     """
     inverted, k, m = _read_header(payload, length)
-    body = payload[RICE_HEADER_BYTES:]
+    return _decode_body(payload[RICE_HEADER_BYTES:], k, m, length), inverted
+
+
+def rice_decode_stream(stream: RiceStream) -> Tensor:
+    """The coded positions of one stream whose header is already parsed (:func:`rice_decode_positions`)."""
+    return _decode_body(tensor_from_bytes(stream.body), stream.k, stream.m, stream.length)
+
+
+def _decode_body(body: Tensor, k: int, m: int, length: int) -> Tensor:
+    """The m positions coded by the bit stream ``body`` (after the header) with parameter k."""
+    _check_remainders(m, k, body.numel())
     total_bits = 8 * body.numel()
-    if m * k > total_bits:
-        raise ValueError(f"rice stream of {total_bits} bits is too short for {m} remainders of {k} bits")
     if m * k < SMALL_COUNT:  # few remainders: unpack the whole stream once and sum each remainder's bits
         stream = unpack_bits(body, 1, total_bits)
         weights = torch.arange(k, device=body.device)
@@ -142,21 +150,35 @@ def rice_decode_positions(payload: Tensor, length: int) -> tuple[Tensor, bool]:
     ends = torch.nonzero(unary).flatten()
     if ends.numel() != m:
         raise ValueError(f"rice stream holds {ends.numel()} unary codes, header says {m}")
-    last_end = int(ends[-1]) if m else -1
-    used = m * k + last_end + 1
-    if (used + 7) // 8 != body.numel():
-        raise ValueError(f"rice stream has {body.numel()} bytes, its codes need {(used + 7) // 8}")
+    _check_end(m, k, int(ends[-1]) if m else -1, body.numel(), length)
     if not m:
-        return ends, inverted
-    if last_end - (m - 1) > (length - 1) >> k:  # Σ q_j alone already passes the mask's end
-        raise ValueError("rice stream codes a gap beyond the mask length")
+        return ends
     positions = ends  # in place from here on: fresh tensors of m int64 each cost page faults
     if k:
         offsets = (read_fields(body, k, m) if remainders is None else remainders).add_(1 - (1 << k)).cumsum_(0)
         positions.bitwise_left_shift_(k).add_(offsets).add_((1 << k) - 1)
-    if int(positions[-1]) >= length:
-        raise ValueError(f"rice stream codes position {int(positions[-1])} in a mask of length {length}")
-    return positions, inverted
+    _check_last_position(int(positions[-1]), length)
+    return positions
+
+
+def _check_remainders(m: int, k: int, body_bytes: int) -> None:
+    if m * k > 8 * body_bytes:
+        raise ValueError(f"rice stream of {8 * body_bytes} bits is too short for {m} remainders of {k} bits")
+
+
+def _check_end(m: int, k: int, last_end: int, body_bytes: int, length: int) -> None:
+    """The stream's bytes are exactly what its codes need (``last_end``: the last terminator's index in the
+    unary part, −1 if none), and Σ q_j alone does not pass the mask's end."""
+    used = m * k + last_end + 1
+    if (used + 7) // 8 != body_bytes:
+        raise ValueError(f"rice stream has {body_bytes} bytes, its codes need {(used + 7) // 8}")
+    if m and last_end - (m - 1) > (length - 1) >> k:
+        raise ValueError("rice stream codes a gap beyond the mask length")
+
+
+def _check_last_position(top: int, length: int) -> None:
+    if top >= length:
+        raise ValueError(f"rice stream codes position {top} in a mask of length {length} (beyond its end)")
 
 
 # -- many streams at once ---------------------------------------------------------------------------------
@@ -184,8 +206,9 @@ def rice_decode_batch(streams: list[RiceStream], shifts: list[int] | None = None
     counts = [s.m for s in streams]
     total_bytes, total_count, rows = 0, 0, []  # per stream: unary start bit, remainder start bit, k, first index
     for s in streams:
-        if s.k > MAX_BATCH_K or s.m * s.k > 8 * len(s.body):
-            raise ValueError("a rice stream is too short for its remainders (or k is out of the batch range)")
+        if s.k > MAX_BATCH_K:
+            raise ValueError(f"rice parameter k={s.k} is beyond the batch's {MAX_BATCH_K}")
+        _check_remainders(s.m, s.k, len(s.body))
         rows.append((8 * total_bytes + s.m * s.k, 8 * total_bytes, s.k, total_count))
         total_bytes, total_count = total_bytes + len(s.body), total_count + s.m
     joined = b"".join(s.body for s in streams)
@@ -199,7 +222,7 @@ def rice_decode_batch(streams: list[RiceStream], shifts: list[int] | None = None
     stream_of = torch.repeat_interleave(torch.tensor(counts, dtype=work))  # (M,) each coded position's stream
     # per coded position: unary start, remainder start − first·k, k, 2^k − 1
     columns = [(a, b - first * k, k, (1 << k) - 1) for a, b, k, first in rows]
-    unary, shifted, k, low = per_element(stream_of, columns, work)
+    unary, shifted, k, low = _per_element(stream_of, columns, work)
     local_end = ends.sub_(unary)
     remainders = read_varying_fields(data, torch.arange(total_count, dtype=work).mul_(k).add_(shifted), k, low)
     steps = remainders.sub_(low).cumsum_(0)  # Σ_{j≤i} (r_j + 1 − 2^k) over all streams so far
@@ -231,7 +254,7 @@ def _unary_only(joined: bytes, rows: list[tuple[int, int, int, int]]) -> bytearr
     return out
 
 
-def per_element(segment_of: Tensor, rows: Sequence[tuple[int, ...]], dtype: torch.dtype = torch.int64) -> list[Tensor]:
+def _per_element(segment_of: Tensor, rows: Sequence[tuple[int, ...]], dtype: torch.dtype = torch.int64) -> list[Tensor]:
     """Column j of ``rows`` (one row of ints per segment) spread over the elements: element i gets row
     ``segment_of[i]``'s value. One gather per column (a 2-D repeat_interleave and transpose cost ~3× more)."""
     return [torch.tensor(column, dtype=dtype).index_select(0, segment_of) for column in zip(*rows, strict=True)]
@@ -241,8 +264,6 @@ def _check_batch_ends(streams: list[RiceStream], last_ends: list[int], last_posi
     """Each stream's byte count, last gap and last position, as :func:`rice_decode_positions` checks them."""
     ends, tops = iter(last_ends), iter(last_positions)
     for s in streams:
-        end, top = (next(ends), next(tops)) if s.m else (-1, -1)
-        if (s.m * s.k + end + 1 + 7) // 8 != len(s.body):
-            raise ValueError("a rice stream's length disagrees with its codes")
-        if s.m and (end - (s.m - 1) > (s.length - 1) >> s.k or top >= s.length):
-            raise ValueError("a rice stream codes a position beyond its mask's length")
+        _check_end(s.m, s.k, next(ends) if s.m else -1, len(s.body), s.length)
+        if s.m:
+            _check_last_position(next(tops), s.length)
