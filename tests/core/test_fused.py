@@ -175,9 +175,9 @@ def test_compile_failure_names_the_switch(monkeypatch):
         return run
 
     monkeypatch.setattr(torch, "compile", broken)
-    kernel = _fused._Kernel(_fused._keep)
+    kernel = _fused._Kernel(chunked._gate_probs)
     args = (torch.ones(1, dtype=torch.bool), _fused._scalar(1.0))
-    _, lam = kernel(torch.zeros(1), *args)  # sizes 0 and 1 run the body eagerly: nothing compiled
+    _, _, lam = kernel(torch.zeros(1), *args)  # sizes 0 and 1 run the body eagerly: nothing compiled
     assert kernel.compiled is None and float(lam) == 0.5
     with pytest.raises(RuntimeError, match="compile_kernels=False"):
         kernel(torch.zeros(4), args[0].expand(4), args[1])

@@ -87,12 +87,6 @@ def _scalar(value: float) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float64)
 
 
-def _keep(gate_logits, mask, tau):
-    """(λ̃ = sigmoid(s̃/τ'), λ̃ where the pruning mask keeps the gate else 0), as chunked._gate_probs."""
-    lam_raw = torch.sigmoid(gate_logits / tau)
-    return lam_raw, torch.where(mask, lam_raw, 0.0)
-
-
 def _flat(window_ids, kstar, k):
     """w·K + k*: the index of each weight's component in the flattened (W, K) parameters (int32 suffices)."""
     return window_ids.int() * k + kstar.int()
@@ -110,7 +104,7 @@ def _certify(theta, window_ids, mean_radius, owner, best, low, inv_width):
 def _moments_first(theta, gate_logits, mask, window_ids, mean_radius, owner, best, low, inv_width, tau):
     """(θ^avg = λ̃ μ_{k*}, k*, certified) of every weight, as if every weight were certified."""
     kstar, mean, certified = _certify(theta, window_ids, mean_radius, owner, best, low, inv_width)
-    return _keep(gate_logits, mask, tau)[1] * mean, kstar, certified
+    return _gate_probs(gate_logits, mask, tau)[2] * mean, kstar, certified
 
 
 def _moments_second(
@@ -118,7 +112,7 @@ def _moments_second(
 ):
     """(θ^avg, Var_q = λ̃ (μ² + σ²) − (λ̃ μ)² + (1 − λ̃) σ_0², k*, certified) at k* (flat ``log_stds``)."""
     kstar, m, certified = _certify(theta, window_ids, mean_radius, owner, best, low, inv_width)
-    lam = _keep(gate_logits, mask, tau)[1]
+    lam = _gate_probs(gate_logits, mask, tau)[2]
     s = m * m + torch.exp(2 * log_stds[_flat(window_ids, kstar, k)])
     return lam * m, (lam * s - (lam * m) ** 2 + (1 - lam) * spike_var).clamp_min(0), kstar, certified
 
@@ -129,7 +123,7 @@ def _one_hot_backward(
     """(flat index w·K + k*, ∂/∂μ_{k*} (float64), ∂/∂log σ_{k*} (float64) or None, ∂/∂s̃) of one chunk,
     as chunked._one_hot_grads and the ∂/∂s̃ of _PosteriorMoments.backward compute them; ∂/∂s̃ of weights
     that are not certified is overwritten by the caller. ``grad_var`` None: the plug-in (no Var)."""
-    lam_raw, lam = _keep(gate_logits, mask, tau)
+    _, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
     flat = _flat(window_ids, kstar, k)
     m = means[flat]
     on = torch.where(certified, lam, 0.0)
@@ -163,8 +157,7 @@ def _gate_kl_sum(gate_logits, mask, window_ids, kstar, component_kl, tau, k, log
 def _gate_kl_backward(gate_logits, mask, window_ids, kstar, component_kl, tau, k, prior_logit, grad):
     """(flat index, λ̃ as float64, ∂KL/∂s̃) of one chunk, as _GateKL.backward (``prior_logit`` None: no
     Bernoulli term)."""
-    scaled = gate_logits / tau
-    lam_raw, lam = _keep(gate_logits, mask, tau)
+    scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
     flat = _flat(window_ids, kstar, k)
     dkl_dlam = component_kl[flat] if prior_logit is None else component_kl[flat] + (scaled - prior_logit)
     return flat, lam.double(), dkl_dlam * lam * (1 - lam_raw) * (grad / tau)
