@@ -6,12 +6,15 @@ the same bits for every layout a record can have, and the same named errors for 
 
 from __future__ import annotations
 
+import itertools
+from unittest.mock import patch
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from sqs_core import _batch_decode
-from sqs_core._artifact_layout import decode_weight, encode
+from sqs_core import _batch_codes, _batch_decode
+from sqs_core._artifact_layout import FLOAT_DTYPES, decode_weight, encode
 from sqs_core._batch_codes import CodeStream, decode_code_streams
 from sqs_core._batch_decode import decode_weights
 from sqs_core._batch_plan import plan_record
@@ -59,14 +62,45 @@ def _assert_bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
     assert torch.equal(a, b) and torch.equal(torch.signbit(a), torch.signbit(b))
 
 
-@given(dists=st.lists(posteriors(), min_size=1, max_size=6))
-def test_batch_equals_one_by_one(dists):
+@given(dists=st.lists(posteriors(), min_size=1, max_size=6), varying_limit=st.sampled_from([0, 1 << 15]))
+def test_batch_equals_one_by_one(dists, varying_limit):
+    """With the default limit these small records' codes take the varying-width pass; with 0, a pass per width."""
     records, blobs = _records(dists)
-    got = decode_weights(records, blobs)
+    with patch.object(_batch_codes, "VARYING_LIMIT", varying_limit):
+        got = decode_weights(records, blobs)
     assert list(got) == [r["layers"][0] for r in records]
     for rec in records:
         name = rec["layers"][0]
         _assert_bits_equal(got[name], decode_weight(name, rec, blobs[name]))
+
+
+@given(dists=st.lists(posteriors(), min_size=1, max_size=6), data=st.data())
+def test_decoding_into_tensors_writes_them(dists, data):
+    """Targets of the right shape and dtype are written and returned (contiguous ones directly, others by a
+    copy); records without a target get new tensors."""
+    records, blobs = _records(dists)
+    into = {}
+    for rec in records:
+        shape, dtype = rec["shape"], FLOAT_DTYPES[rec["dtype"]]
+        kind = data.draw(st.sampled_from(["none", "contiguous", "strided"]))
+        if kind == "contiguous":
+            into[rec["layers"][0]] = torch.full(shape, 7.0, dtype=dtype)
+        elif kind == "strided":
+            into[rec["layers"][0]] = torch.full([*shape, 2], 7.0, dtype=dtype)[..., 0]
+    got = decode_weights(records, blobs, into)
+    for rec in records:
+        name = rec["layers"][0]
+        _assert_bits_equal(got[name], decode_weight(name, rec, blobs[name]))
+        if name in into:
+            assert got[name] is into[name]
+
+
+def test_a_damaged_batch_writes_no_target():
+    records, blobs = _damaged_pair()
+    into = {r["layers"][0]: torch.full(r["shape"], 7.0) for r in records}
+    with pytest.raises(ValueError, match="layer1"):
+        decode_weights(records, blobs, into)
+    assert all(bool((t == 7.0).all()) for t in into.values())
 
 
 def test_the_batch_covers_every_mask_and_code_layout():
@@ -159,19 +193,27 @@ def test_code_streams_equal_a_table_lookup(streams):
         packed = bytes(pack_bits(codes, bits).tolist()) if bits else b""
         cases.append(CodeStream(packed, count, bits, table.tolist()))
         expected.append(codebook[table[codes]])
-    for got, want in zip(decode_code_streams(cases, codebook), expected, strict=True):
-        assert torch.equal(got, want)
+    for limit in (0, 1 << 15):  # a pass per width; one varying-width pass
+        with patch.object(_batch_codes, "VARYING_LIMIT", limit):
+            for got, want in zip(decode_code_streams(cases, codebook), expected, strict=True):
+                assert torch.equal(got, want)
 
 
 def test_code_past_its_table_is_rejected():
     codebook = torch.cat([torch.randn(8), torch.zeros(1)])
-    for bits in (2, 3):
+    for bits, limit in itertools.product((2, 3), (0, 1 << 15)):
         packed = bytes(pack_bits(torch.tensor([0, 1, 3, 0]), bits).tolist())
-        with pytest.raises(ValueError, match="past its table"):
+        with patch.object(_batch_codes, "VARYING_LIMIT", limit), pytest.raises(ValueError, match="past its table"):
             decode_code_streams([CodeStream(packed, 4, bits, [5, 6, 7])], codebook)
 
 
 def test_damaged_record_in_a_batch_names_its_tensor():
+    records, blobs = _damaged_pair()
+    with pytest.raises(ValueError, match="layer1"):
+        decode_weights(records, blobs)
+
+
+def _damaged_pair() -> tuple[list[dict], dict[str, torch.Tensor]]:
     """A bitmap whose kept count disagrees with the header passes the plan; the batch's count check fails and
     the one-by-one decoder names the tensor."""
     torch.manual_seed(0)
@@ -194,14 +236,13 @@ def test_damaged_record_in_a_batch_names_its_tensor():
     blobs["layer1"] = blobs["layer1"].clone()
     blobs["layer1"][mask_start] ^= 0x02  # one more kept weight
     assert plan_record("layer1", records[1], blobs["layer1"]) is not None
-    with pytest.raises(ValueError, match="layer1"):
-        decode_weights(records, blobs)
+    return records, blobs
 
 
 def test_a_batch_that_disagrees_with_the_reference_is_an_internal_error(monkeypatch):
     records, blobs = _records(_two_small())
 
-    def refuse(plans, dtype):
+    def refuse(*args):
         raise ValueError("forced")
 
     monkeypatch.setattr(_batch_decode, "_decode_group", refuse)

@@ -120,10 +120,11 @@ class Artifact:
     header_bytes: int  # length prefix, safetensors JSON header with padding, and (v2) the header tensor
     index_bytes: dict[str, int]  # bytes of each tensor's own entry in the safetensors JSON header
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Greedy weight of every posterior, keyed by its first layer name (decoded in batches: the tensors
-        may be views of shared buffers)."""
-        return decode_weights(self.records, self.blobs)
+        may be views of shared buffers); written into the tensors of ``into`` where given (same keys, the
+        records' shapes and dtypes), nothing written unless every weight decodes."""
+        return decode_weights(self.records, self.blobs, into)
 
     def posteriors(self) -> dict[str, DiscretePosterior]:
         return {r["layers"][0]: decode_posterior(r["layers"][0], r, self.blobs[r["layers"][0]]) for r in self.records}

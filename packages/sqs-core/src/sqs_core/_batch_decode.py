@@ -5,12 +5,14 @@ operations, and a bitmap mask's ``nonzero`` is slow (~4 ns per weight here): a R
 7e7 weights/s. Here the records of one dtype are decoded with a fixed number of operations:
 
 1. :mod:`sqs_core._batch_plan` reads each record's tables from its bytes in Python.
-2. Codes to values: per code width b, one gather of every record's packed code bytes through a table of
-   each record's 256 byte values (odd b: one unpack and one gather); the escaped weights' values are
-   overwritten by one scatter at the positions one batched Rice decode gives.
-3. Values to weights: all bitmap masks by one gather, each weight taking the value at its rank among the
-   kept weights (the exclusive prefix count of its byte plus its rank within the byte) or a +0 sentinel;
-   all Rice masks by one scatter at their decoded positions; an ``"all"`` mask's weight is its values.
+2. Codes to values (:mod:`sqs_core._batch_codes`): every record's kept values land in one buffer whose last
+   entry is +0; the escaped weights' values are overwritten by one scatter at the positions one batched
+   Rice decode gives.
+3. Values to weights: all Rice masks by one scatter at their decoded positions; an ``"all"`` mask's weight
+   is its values; all bitmap masks last, by gathers, each weight taking the value at its record's start plus
+   its rank among the kept weights (the exclusive prefix count of its byte plus its rank within the byte) or
+   the +0 entry. Given target tensors (``load``: the skeleton's weights), the gathers write straight into
+   them, after every check of the batch.
 
 The weights returned are views of shared buffers. Records the batch does not cover (codes over 8 bits,
 inverted Rice masks, bitmap escape lists, empty tensors), large layers with a long Rice mask (batching
@@ -22,79 +24,92 @@ tensor.
 from __future__ import annotations
 
 import functools
-import itertools
 from collections import defaultdict
 
 import torch
 from torch import Tensor
 
 from ._artifact_layout import FLOAT_DTYPES, decode_weight
-from ._batch_codes import CodeStream, decode_code_streams
+from ._batch_codes import CodeStream, decode_code_buffer, decode_code_streams
 from ._batch_plan import RecordPlan, plan_record
 from ._bits import set_bit_tables, tensor_from_bytes
 from ._rice import RiceStream, rice_decode_batch, rice_decode_stream
 
-_ORDER = {"bitmap": 0, "rice": 1, "all": 2}  # bitmap records first: their values, then the +0 sentinel
 RICE_BATCH_LIMIT = 8192
 """Rice streams with more positions are decoded alone (the single-stream decoder costs fewer operations per
 position), and records whose Rice mask has that many go through decode_weight whole: a lone 4096² layer
 at 25% decoded 0.8x as fast batched."""
+GROUP_LIMIT = 1 << 30
+"""Weights of one batch: its indices are int32, with 2^30 marking a pruned weight."""
 BITMAP_CHUNK_BYTES = 8192
 """Mask bytes per step of the bitmap gather: its 256 KiB int32 index is reused. One index for a whole model
 (4 bytes per weight) costs more in fresh-page faults than the gather itself (~1 µs per 4 KiB page here)."""
 
 
-def decode_weights(records: list[dict], blobs: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Greedy weight of every record, keyed by its first layer name; equal to ``decode_weight`` of each."""
+def decode_weights(
+    records: list[dict], blobs: dict[str, Tensor], into: dict[str, Tensor] | None = None
+) -> dict[str, Tensor]:
+    """Greedy weight of every record, keyed by its first layer name; equal to ``decode_weight`` of each.
+
+    ``into`` (tensors of the records' shapes and dtypes, keyed by first layer name): each such weight is
+    written into its tensor, which is returned in its place. Bitmap-masked weights are decoded straight into
+    CPU, contiguous targets (no fresh pages, no copy); the others are copied. Nothing is written unless every
+    record decodes."""
     out: dict[str, Tensor] = {}
     groups: dict[str, list[RecordPlan]] = defaultdict(list)
+    sizes: dict[str, int] = defaultdict(int)
     for rec in records:
-        name = rec["layers"][0]
+        name, dtype = rec["layers"][0], rec["dtype"]
         plan = plan_record(name, rec, blobs[name])
-        if plan is None or (plan.mask == "rice" and plan.kept >= RICE_BATCH_LIMIT):  # long Rice mask: alone
+        long_rice = plan is not None and plan.mask == "rice" and plan.kept >= RICE_BATCH_LIMIT  # faster alone
+        if plan is None or long_rice or sizes[dtype] + plan.numel >= GROUP_LIMIT:  # int32 indices below 2^30
             out[name] = decode_weight(name, rec, blobs[name])
         else:
-            groups[rec["dtype"]].append(plan)
+            groups[dtype].append(plan)
+            sizes[dtype] += plan.numel
+    # a group writes its targets after its last check; with several groups, later ones could still fail
+    direct = _direct_targets(records, into or {}) if len(groups) == 1 else {}
     for dtype, plans in groups.items():
         try:
-            out |= _decode_group(sorted(plans, key=lambda p: _ORDER[p.mask]), FLOAT_DTYPES[dtype])
+            out |= _decode_group(plans, FLOAT_DTYPES[dtype], direct)
         except ValueError:
             by_name = {r["layers"][0]: r for r in records}
             for p in plans:  # raises the error naming the damaged tensor
                 decode_weight(p.name, by_name[p.name], blobs[p.name])
             raise RuntimeError("internal: the batched decoder rejected records that decode one by one") from None
+    for name, target in (into or {}).items():
+        if out[name] is not target:
+            out[name] = target.copy_(out[name])
     return {rec["layers"][0]: out[rec["layers"][0]] for rec in records}
 
 
-def _decode_group(plans: list[RecordPlan], dtype: torch.dtype) -> dict[str, Tensor]:
+def _direct_targets(records: list[dict], into: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The tensors of ``into`` the decoder may write directly: CPU, contiguous, of the record's shape and dtype."""
+    kinds = {r["layers"][0]: (tuple(r["shape"]), FLOAT_DTYPES[r["dtype"]]) for r in records}
+    return {
+        name: t
+        for name, t in into.items()
+        if t.device.type == "cpu" and t.is_contiguous() and (tuple(t.shape), t.dtype) == kinds.get(name)
+    }
+
+
+def _decode_group(plans: list[RecordPlan], dtype: torch.dtype, targets: dict[str, Tensor]) -> dict[str, Tensor]:
     codebook = tensor_from_bytes(b"".join(p.codebook for p in plans), dtype)
     codebook = torch.cat([codebook, codebook.new_zeros(1)])  # the last entry: +0, the pruned weights' value
     offsets, base = [], 0
     for p in plans:
         offsets.append(base)
         base += len(p.codebook) // codebook.element_size()
-    values = _kept_values(plans, codebook, offsets)  # bitmap records' values, +0, the others' values
-    starts, start = [], 0  # where each record's values begin in ``values``
-    for i, p in enumerate(plans):
-        start += p.mask != "bitmap" and (i == 0 or plans[i - 1].mask == "bitmap")  # past the sentinel
-        starts.append(start)
-        start += p.kept
-    _apply_escapes(plans, codebook, offsets, values, starts)
-    return _place(plans, values, starts)
-
-
-# -- codes to values --------------------------------------------------------------------------------------
-def _kept_values(plans: list[RecordPlan], codebook: Tensor, offsets: list[int]) -> Tensor:
-    """Every record's kept values in plan order, with the +0 sentinel after the bitmap records'."""
     streams = [
         CodeStream(p.codes, p.kept, p.code_bits, [off + e for e in p.table])
         for p, off in zip(plans, offsets, strict=True)
     ]
-    pieces = decode_code_streams(streams, codebook)
-    split = sum(p.mask == "bitmap" for p in plans)
-    return torch.cat([*pieces[:split], codebook[-1:], *pieces[split:]])
+    values, starts = decode_code_buffer(streams, codebook)  # record i's kept values from starts[i]; +0 last
+    _apply_escapes(plans, codebook, offsets, values, starts)
+    return _place(plans, values, starts, targets)
 
 
+# -- codes to values --------------------------------------------------------------------------------------
 def _apply_escapes(plans: list[RecordPlan], codebook: Tensor, offsets: list[int], values: Tensor, starts: list[int]):
     """Overwrite the escaped weights' values: S's entry of each escape code, at the escaped kept ranks."""
     ranks, codes = [], []
@@ -131,47 +146,79 @@ def _byte_ranks() -> Tensor:
     return ranks
 
 
-def _place(plans: list[RecordPlan], values: Tensor, starts: list[int]) -> dict[str, Tensor]:
+def _place(plans: list[RecordPlan], values: Tensor, starts: list[int], targets: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Values to weights; the bitmap records last (their targets are written after every check)."""
     out: dict[str, Tensor] = {}
-    bitmaps = [p for p in plans if p.mask == "bitmap"]
-    if bitmaps:
-        out |= _place_bitmaps(bitmaps, values, sum(p.kept for p in bitmaps))  # the sentinel follows them
     rice = [(p, start) for p, start in zip(plans, starts, strict=True) if p.mask == "rice"]
     if rice:
         out |= _place_rice(rice, values)
     for p, start in zip(plans, starts, strict=True):
         if p.mask == "all":
             out[p.name] = values[start : start + p.kept].view(p.shape)
+    bitmaps = [(p, start) for p, start in zip(plans, starts, strict=True) if p.mask == "bitmap"]
+    if bitmaps:
+        out |= _place_bitmaps(bitmaps, values, targets)
     return out
 
 
-def _place_bitmaps(plans: list[RecordPlan], values: Tensor, n_bitmap: int) -> dict[str, Tensor]:
-    """Weight i of a bitmap record takes the value at its rank among the kept weights, or +0 (the sentinel
-    at ``n_bitmap``): no ``nonzero`` over the weights and no scatter."""
+def _place_bitmaps(
+    plans: list[tuple[RecordPlan, int]], values: Tensor, targets: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """Weight i of a bitmap record (with where its values begin) takes the value at its record's start plus
+    its rank among the record's kept weights, or +0 (``values``' last entry): no ``nonzero`` over the
+    weights and no scatter. Written into the record's entry of ``targets`` if any, else into a new buffer."""
     counts_of, ranks_of = set_bit_tables(torch.int32)[0], _byte_ranks()
-    data = tensor_from_bytes(b"".join(p.mask_bytes for p in plans)).int()
+    data = tensor_from_bytes(b"".join(p.mask_bytes for p, _ in plans)).int()
     counts = counts_of.index_select(0, data)
-    kept_before = counts.cumsum(0, dtype=torch.int32)
-    ends, end = [], 0
-    for p in plans:
-        end += len(p.mask_bytes)
+    first_bytes, steps, ends, end, before = [], [], [], 0, 0
+    for p, start in plans:  # each record's first byte steps the running count up to the record's start
+        first_bytes.append(end)
+        steps.append(start - before)
+        end, before = end + len(p.mask_bytes), start + p.kept
         ends.append(end - 1)
+    shifted = counts.index_add(0, torch.tensor(first_bytes), torch.tensor(steps, dtype=torch.int32))
+    kept_before = shifted.cumsum_(0)  # inclusive: the value index after each byte's kept weights
     totals = kept_before.index_select(0, torch.tensor(ends, dtype=torch.int64)).tolist()
-    if [b - a for a, b in itertools.pairwise([0, *totals])] != [p.kept for p in plans]:
+    if totals != [start + p.kept for p, start in plans]:
         raise ValueError("a bitmap mask keeps a number of weights other than its record's")
-    first = kept_before.sub_(counts).unsqueeze(1)  # kept weights before each byte
-    dense = values.new_empty(8 * data.numel())
-    index = torch.empty(min(data.numel(), BITMAP_CHUNK_BYTES), 8, dtype=torch.int32)
+    first = kept_before.sub_(counts).unsqueeze(1)  # the value index of each byte's first kept weight
+    runs, out = _bitmap_runs([p for p, _ in plans], values, targets)
+    sentinel, index = values.numel() - 1, torch.empty(min(data.numel(), BITMAP_CHUNK_BYTES), 8, dtype=torch.int32)
     for a in range(0, data.numel(), BITMAP_CHUNK_BYTES):  # a reused, cache-sized index: no fresh pages
         b = min(a + BITMAP_CHUNK_BYTES, data.numel())
         rows = torch.index_select(ranks_of, 0, data[a:b], out=index[: b - a])
-        flat = rows.add_(first[a:b]).view(-1).clamp_(max=n_bitmap)
-        torch.index_select(values, 0, flat, out=dense[8 * a : 8 * b])
-    out, start = {}, 0
-    for p in plans:
-        out[p.name] = dense[start : start + p.numel].view(p.shape)
-        start += 8 * len(p.mask_bytes)
+        flat = rows.add_(first[a:b]).view(-1).clamp_(max=sentinel)
+        for lo, hi, numel, dest in runs:  # the runs of weights within these bytes: one gather each
+            e0, e1 = 8 * max(lo, a), min(8 * min(hi, b), 8 * lo + numel)  # stream bits: 8 per mask byte
+            if e1 > e0:
+                torch.index_select(values, 0, flat[e0 - 8 * a : e1 - 8 * a], out=dest[e0 - 8 * lo : e1 - 8 * lo])
     return out
+
+
+def _bitmap_runs(
+    plans: list[RecordPlan], values: Tensor, targets: dict[str, Tensor]
+) -> tuple[list[tuple[int, int, int, Tensor]], dict[str, Tensor]]:
+    """(first byte, end byte, weights, destination) of each run of mask bytes that one gather writes: each
+    record with a target, and each stretch of records without one (into a new buffer, 8 weights per mask
+    byte, the padding bits' too); and the weights."""
+    dense = values.new_empty(8 * sum(len(p.mask_bytes) for p in plans if p.name not in targets))
+    runs: list[tuple[int, int, int, Tensor]] = []
+    out, byte, at, stretch = {}, 0, 0, False  # stretch: the last run is a stretch of dense records
+    for p in plans:
+        size = len(p.mask_bytes)
+        if p.name in targets:
+            out[p.name] = targets[p.name]
+            runs.append((byte, byte + size, p.numel, targets[p.name].view(-1)))
+        else:
+            out[p.name] = dense[at : at + p.numel].view(p.shape)
+            if stretch:
+                lo, _, _, dest = runs.pop()
+                runs.append((lo, byte + size, 8 * (byte + size - lo), dest))
+            else:
+                runs.append((byte, byte + size, 8 * size, dense[at:]))
+            at += 8 * size
+        byte, stretch = byte + size, p.name not in targets
+    return runs, out
 
 
 def _place_rice(plans: list[tuple[RecordPlan, int]], values: Tensor) -> dict[str, Tensor]:

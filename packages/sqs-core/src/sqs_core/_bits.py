@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -146,7 +147,17 @@ def set_bit_indices(packed: Tensor, count: int) -> Tensor:
 
 
 def set_bits_of(value: int) -> list[int]:
-    """The indices of the set bits of a non-negative int, ascending (a loop over the set bits)."""
+    """The indices of the set bits of a non-negative int, ascending (a loop over the set bits; values below
+    2^16, the per-tensor tables of an artifact, from a cache)."""
+    return list(_small_set_bits(value)) if value < 1 << 16 else _loop_set_bits(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _small_set_bits(value: int) -> tuple[int, ...]:
+    return tuple(_loop_set_bits(value))
+
+
+def _loop_set_bits(value: int) -> list[int]:
     indices = []
     while value:
         low = value & -value
@@ -219,6 +230,12 @@ def set_bit_positions(data: Tensor, dtype: torch.dtype = torch.int64) -> Tensor:
     rank = torch.arange(byte_of.numel(), dtype=dtype).sub_(before)  # among its byte's set bits
     bit = bits_of.index_select(0, byte.index_select(0, byte_of).mul_(8).add_(rank))
     return byte_of.mul_(8).add_(bit)
+
+
+def per_element(segment_of: Tensor, rows: Sequence[tuple[int, ...]], dtype: torch.dtype = torch.int64) -> list[Tensor]:
+    """Column j of ``rows`` (one row of ints per segment) spread over the elements: element i gets row
+    ``segment_of[i]``'s value. One gather per column (a 2-D repeat_interleave and transpose cost ~3× more)."""
+    return [torch.tensor(column, dtype=dtype).index_select(0, segment_of) for column in zip(*rows, strict=True)]
 
 
 def tensor_from_bytes(data: bytes | bytearray, dtype: torch.dtype = torch.uint8) -> Tensor:

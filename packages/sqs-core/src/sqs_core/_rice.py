@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -19,6 +18,7 @@ from torch import Tensor
 from ._bits import (
     SMALL_COUNT,
     pack_bits,
+    per_element,
     read_fields,
     read_varying_fields,
     set_bit_positions,
@@ -222,7 +222,7 @@ def rice_decode_batch(streams: list[RiceStream], shifts: list[int] | None = None
     stream_of = torch.repeat_interleave(torch.tensor(counts, dtype=work))  # (M,) each coded position's stream
     # per coded position: unary start, remainder start − first·k, k, 2^k − 1
     columns = [(a, b - first * k, k, (1 << k) - 1) for a, b, k, first in rows]
-    unary, shifted, k, low = _per_element(stream_of, columns, work)
+    unary, shifted, k, low = per_element(stream_of, columns, work)
     local_end = ends.sub_(unary)
     remainders = read_varying_fields(data, torch.arange(total_count, dtype=work).mul_(k).add_(shifted), k, low)
     steps = remainders.sub_(low).cumsum_(0)  # Σ_{j≤i} (r_j + 1 − 2^k) over all streams so far
@@ -252,12 +252,6 @@ def _unary_only(joined: bytes, rows: list[tuple[int, int, int, int]]) -> bytearr
             if part:
                 out[start + whole] &= 0xFF ^ ((1 << part) - 1)
     return out
-
-
-def _per_element(segment_of: Tensor, rows: Sequence[tuple[int, ...]], dtype: torch.dtype = torch.int64) -> list[Tensor]:
-    """Column j of ``rows`` (one row of ints per segment) spread over the elements: element i gets row
-    ``segment_of[i]``'s value. One gather per column (a 2-D repeat_interleave and transpose cost ~3× more)."""
-    return [torch.tensor(column, dtype=dtype).index_select(0, segment_of) for column in zip(*rows, strict=True)]
 
 
 def _check_batch_ends(streams: list[RiceStream], last_ends: list[int], last_positions: list[int]) -> None:

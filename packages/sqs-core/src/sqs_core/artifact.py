@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ._artifact_file import FORMAT_VERSION, MAGIC, PREFIX, Artifact, container, read_artifact
-from ._artifact_layout import encode
+from ._artifact_layout import FLOAT_DTYPES, encode
 from ._safetensors_format import safetensors_chunks
 from .inference import BayesianAverage, discrete_posteriors
 from .layers import SQSLayer
@@ -170,27 +170,37 @@ def _atomic_write(path: Path, chunks: list[bytes | ctypes.Array]) -> None:
 
 
 # -- load -------------------------------------------------------------------------------------------------
-def _load_state(art: Artifact, skeleton: nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Check the full state against the skeleton's (names, shapes, dtypes), then load it strictly."""
-    state = dict(art.dense)
+def _check_state(art: Artifact, skeleton: nn.Module) -> dict[str, torch.Tensor]:
+    """Check the file's full state against the skeleton's (names, shapes, dtypes) before anything is
+    written; returns the skeleton's state (its tensors, detached)."""
+    kinds = {key: (tuple(value.shape), value.dtype) for key, value in art.dense.items()}
     for rec in art.records:
         for layer in rec["layers"]:
-            state[f"{layer}.weight"] = weights[rec["layers"][0]]
-    expected = skeleton.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+            kinds[f"{layer}.weight"] = (tuple(rec["shape"]), FLOAT_DTYPES[rec["dtype"]])
+    expected = skeleton.state_dict(keep_vars=True)
+    missing, unexpected = sorted(set(expected) - set(kinds)), sorted(set(kinds) - set(expected))
     if missing or unexpected:
         raise ValueError(
             f"{art.path} does not match the skeleton {type(skeleton).__name__}: "
             f"missing from the file {missing}, not in the skeleton {unexpected}"
         )
     wrong = [
-        f"{key!r} has shape {tuple(value.shape)} ({value.dtype}) in the file but "
+        f"{key!r} has shape {shape} ({dtype}) in the file but "
         f"{tuple(expected[key].shape)} ({expected[key].dtype}) in the skeleton"
-        for key, value in state.items()
-        if tuple(value.shape) != tuple(expected[key].shape) or value.dtype != expected[key].dtype
+        for key, (shape, dtype) in kinds.items()
+        if shape != tuple(expected[key].shape) or dtype != expected[key].dtype
     ]
     if wrong:
         raise ValueError(f"{art.path} does not match the skeleton: " + "; ".join(wrong))
+    return {key: value.detach() for key, value in expected.items()}
+
+
+def _load_state(art: Artifact, skeleton: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Load the file's state into the (checked) skeleton strictly; weights already in place are not copied."""
+    state = dict(art.dense)
+    for rec in art.records:
+        for layer in rec["layers"]:
+            state[f"{layer}.weight"] = weights[rec["layers"][0]]
     skeleton.load_state_dict(state, strict=True)
 
 
@@ -219,8 +229,9 @@ def load(
     if mode == "greedy" and generator is not None:
         raise ValueError("generator is only used with mode='sample'")
     art = read_artifact(path)
-    if mode == "greedy":
-        weights = art.weights()
+    params = _check_state(art, skeleton)
+    if mode == "greedy":  # decoded straight into the skeleton's weights (after every check of the file)
+        weights = art.weights(into={rec["layers"][0]: params[f"{rec['layers'][0]}.weight"] for rec in art.records})
     else:
         _check_alternatives(art)
         weights = {name: d.weights(d.draw(generator)) for name, d in art.posteriors().items()}
@@ -249,6 +260,7 @@ def load_bayesian_average(
     _check_skeleton(skeleton)
     art = read_artifact(path)
     _check_alternatives(art)
+    _check_state(art, skeleton)
     dists = art.posteriors()
     _load_state(art, skeleton, {name: d.weights() for name, d in dists.items()})
     params = skeleton.state_dict(keep_vars=True)
