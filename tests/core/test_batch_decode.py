@@ -95,6 +95,14 @@ def test_decoding_into_tensors_writes_them(dists, data):
             assert got[name] is into[name]
 
 
+def test_targets_must_name_records_of_their_shape():
+    records, blobs = _records(_two_small())
+    with pytest.raises(ValueError, match="names no compressed tensor"):
+        decode_weights(records, blobs, {"layer9": torch.zeros(40)})
+    with pytest.raises(ValueError, match="wrong shape"):
+        decode_weights(records, blobs, {"layer0": torch.zeros(41)})
+
+
 def test_a_damaged_batch_writes_no_target():
     records, blobs = _damaged_pair()
     into = {r["layers"][0]: torch.full(r["shape"], 7.0) for r in records}

@@ -55,6 +55,7 @@ def decode_weights(
     written into its tensor, which is returned in its place. Bitmap-masked weights are decoded straight into
     CPU, contiguous targets (no fresh pages, no copy); the others are copied. Nothing is written unless every
     record decodes."""
+    _check_into(records, into or {})
     out: dict[str, Tensor] = {}
     groups: dict[str, list[RecordPlan]] = defaultdict(list)
     sizes: dict[str, int] = defaultdict(int)
@@ -81,6 +82,16 @@ def decode_weights(
         if out[name] is not target:
             out[name] = target.copy_(out[name])
     return {rec["layers"][0]: out[rec["layers"][0]] for rec in records}
+
+
+def _check_into(records: list[dict], into: dict[str, Tensor]) -> None:
+    shapes = {r["layers"][0]: tuple(r["shape"]) for r in records}
+    unknown = sorted(set(into) - set(shapes))
+    if unknown:
+        raise ValueError(f"into names no compressed tensor: {unknown}")
+    wrong = [f"{n!r} {tuple(t.shape)} (file: {shapes[n]})" for n, t in into.items() if tuple(t.shape) != shapes[n]]
+    if wrong:
+        raise ValueError("into has tensors of the wrong shape: " + ", ".join(wrong))
 
 
 def _direct_targets(records: list[dict], into: dict[str, Tensor]) -> dict[str, Tensor]:
