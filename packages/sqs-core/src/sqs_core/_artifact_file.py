@@ -122,8 +122,8 @@ class Artifact:
 
     def weights(self, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Greedy weight of every posterior, keyed by its first layer name (decoded in batches: the tensors
-        may be views of shared buffers); written into the tensors of ``into`` where given (same keys, the
-        records' shapes and dtypes), nothing written unless every weight decodes."""
+        may be views of shared buffers); written into the tensors of ``into`` where given (keyed the same, of
+        the records' shapes), nothing written unless every weight decodes."""
         return decode_weights(self.records, self.blobs, into)
 
     def posteriors(self) -> dict[str, DiscretePosterior]:

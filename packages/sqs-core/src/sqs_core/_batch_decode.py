@@ -55,7 +55,7 @@ def decode_weights(
     written into its tensor, which is returned in its place. Bitmap-masked weights are decoded straight into
     CPU, contiguous targets (no fresh pages, no copy); the others are copied. Nothing is written unless every
     record decodes."""
-    _check_into(records, into or {})
+    targets = _targets(records, into or {})
     out: dict[str, Tensor] = {}
     groups: dict[str, list[RecordPlan]] = defaultdict(list)
     sizes: dict[str, int] = defaultdict(int)
@@ -69,7 +69,7 @@ def decode_weights(
             groups[dtype].append(plan)
             sizes[dtype] += plan.numel
     # a group writes its targets after its last check; with several groups, later ones could still fail
-    direct = _direct_targets(records, into or {}) if len(groups) == 1 else {}
+    direct = targets if len(groups) == 1 else {}
     for dtype, plans in groups.items():
         try:
             out |= _decode_group(plans, FLOAT_DTYPES[dtype], direct)
@@ -84,24 +84,17 @@ def decode_weights(
     return {rec["layers"][0]: out[rec["layers"][0]] for rec in records}
 
 
-def _check_into(records: list[dict], into: dict[str, Tensor]) -> None:
-    shapes = {r["layers"][0]: tuple(r["shape"]) for r in records}
-    unknown = sorted(set(into) - set(shapes))
+def _targets(records: list[dict], into: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Check ``into`` (only compressed tensors, each of its record's shape); return the tensors the decoder may
+    write directly: on the CPU, contiguous, of the record's dtype (the others get a copy)."""
+    kinds = {r["layers"][0]: (tuple(r["shape"]), FLOAT_DTYPES[r["dtype"]]) for r in records}
+    unknown = sorted(set(into) - set(kinds))
     if unknown:
         raise ValueError(f"into names no compressed tensor: {unknown}")
-    wrong = [f"{n!r} {tuple(t.shape)} (file: {shapes[n]})" for n, t in into.items() if tuple(t.shape) != shapes[n]]
+    wrong = [f"{n!r} {tuple(t.shape)} (file: {kinds[n][0]})" for n, t in into.items() if tuple(t.shape) != kinds[n][0]]
     if wrong:
         raise ValueError("into has tensors of the wrong shape: " + ", ".join(wrong))
-
-
-def _direct_targets(records: list[dict], into: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The tensors of ``into`` the decoder may write directly: CPU, contiguous, of the record's shape and dtype."""
-    kinds = {r["layers"][0]: (tuple(r["shape"]), FLOAT_DTYPES[r["dtype"]]) for r in records}
-    return {
-        name: t
-        for name, t in into.items()
-        if t.device.type == "cpu" and t.is_contiguous() and (tuple(t.shape), t.dtype) == kinds.get(name)
-    }
+    return {n: t for n, t in into.items() if t.device.type == "cpu" and t.is_contiguous() and t.dtype == kinds[n][1]}
 
 
 def _decode_group(plans: list[RecordPlan], dtype: torch.dtype, targets: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -194,7 +187,8 @@ def _place_bitmaps(
         raise ValueError("a bitmap mask keeps a number of weights other than its record's")
     first = kept_before.sub_(counts).unsqueeze(1)  # the value index of each byte's first kept weight
     runs, out = _bitmap_runs([p for p, _ in plans], values, targets)
-    sentinel, index = values.numel() - 1, torch.empty(min(data.numel(), BITMAP_CHUNK_BYTES), 8, dtype=torch.int32)
+    sentinel = values.numel() - 1  # the +0 entry
+    index = torch.empty(min(data.numel(), BITMAP_CHUNK_BYTES), 8, dtype=torch.int32)
     for a in range(0, data.numel(), BITMAP_CHUNK_BYTES):  # a reused, cache-sized index: no fresh pages
         b = min(a + BITMAP_CHUNK_BYTES, data.numel())
         rows = torch.index_select(ranks_of, 0, data[a:b], out=index[: b - a])

@@ -196,7 +196,8 @@ def _check_state(art: Artifact, skeleton: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _load_state(art: Artifact, skeleton: nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Load the file's state into the (checked) skeleton strictly; weights already in place are not copied."""
+    """Load the file's state into the (checked) skeleton strictly. Weights decoded into the skeleton's own
+    tensors cost nothing here: ``copy_`` from an alias of the same data returns at once."""
     state = dict(art.dense)
     for rec in art.records:
         for layer in rec["layers"]:
@@ -260,10 +261,9 @@ def load_bayesian_average(
     _check_skeleton(skeleton)
     art = read_artifact(path)
     _check_alternatives(art)
-    _check_state(art, skeleton)
+    params = _check_state(art, skeleton)
     dists = art.posteriors()
     _load_state(art, skeleton, {name: d.weights() for name, d in dists.items()})
-    params = skeleton.state_dict(keep_vars=True)
     setters = {rec["layers"][0]: _setter([params[f"{n}.weight"] for n in rec["layers"]]) for rec in art.records}
     return BayesianAverage.from_parts(skeleton, dists, setters, samples=samples, generator=generator, average=average)
 
