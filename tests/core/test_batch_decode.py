@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqs_core import _batch_codes, _batch_decode
 from sqs_core._artifact_layout import FLOAT_DTYPES, decode_weight, encode
-from sqs_core._batch_codes import CodeStream, decode_code_streams
+from sqs_core._batch_codes import CodeStream, decode_code_buffer
 from sqs_core._batch_decode import decode_weights
 from sqs_core._batch_plan import plan_record
 from sqs_core._bits import pack_bits, read_varying_fields, set_bit_positions
@@ -203,8 +203,14 @@ def test_code_streams_equal_a_table_lookup(streams):
         expected.append(codebook[table[codes]])
     for limit in (0, 1 << 15):  # a pass per width; one varying-width pass
         with patch.object(_batch_codes, "VARYING_LIMIT", limit):
-            for got, want in zip(decode_code_streams(cases, codebook), expected, strict=True):
+            for got, want in zip(_decoded(cases, codebook), expected, strict=True):
                 assert torch.equal(got, want)
+
+
+def _decoded(streams: list[CodeStream], codebook: torch.Tensor) -> list[torch.Tensor]:
+    buffer, starts = decode_code_buffer(streams, codebook)
+    assert buffer[-1].item() == 0 and not torch.signbit(buffer[-1])  # the +0 last entry
+    return [buffer[start : start + s.n_codes] for s, start in zip(streams, starts, strict=True)]
 
 
 def test_code_past_its_table_is_rejected():
@@ -212,7 +218,7 @@ def test_code_past_its_table_is_rejected():
     for bits, limit in itertools.product((2, 3), (0, 1 << 15)):
         packed = bytes(pack_bits(torch.tensor([0, 1, 3, 0]), bits).tolist())
         with patch.object(_batch_codes, "VARYING_LIMIT", limit), pytest.raises(ValueError, match="past its table"):
-            decode_code_streams([CodeStream(packed, 4, bits, [5, 6, 7])], codebook)
+            _decoded([CodeStream(packed, 4, bits, [5, 6, 7])], codebook)
 
 
 def test_damaged_record_in_a_batch_names_its_tensor():

@@ -36,12 +36,6 @@ class CodeStream(NamedTuple):
     table: list[int]  # the codebook positions of codes 0, 1, …; ≤ 2^bits of them
 
 
-def decode_code_streams(streams: list[CodeStream], codebook: Tensor) -> list[Tensor]:
-    """Each stream's ``codebook[table[code]]`` values (views of one buffer: :func:`decode_code_buffer`)."""
-    buffer, starts = decode_code_buffer(streams, codebook)
-    return [buffer[start : start + s.n_codes] for s, start in zip(streams, starts, strict=True)]
-
-
 def decode_code_buffer(streams: list[CodeStream], codebook: Tensor) -> tuple[Tensor, list[int]]:
     """Every stream's ``codebook[table[code]]`` values in one buffer, stream i's from ``starts[i]`` on, and
     the buffer's last entry +0 (``codebook``'s last entry, which must be +0: it also fills the tables'
@@ -127,17 +121,16 @@ def _varying_values(streams: list[CodeStream], codebook: Tensor, out: Tensor) ->
     one buffer, looked up in one table holding each stream's 2^b entries (−1 past its used ones)."""
     counts = [s.n_codes for s in streams]
     total = sum(counts)
-    rows, table, start_bit, first, base = [], [], 0, 0, 0  # per stream: width, start bit − first·width, base
+    rows, table, start_bit, first, base = [], [], 0, 0, 0  # per stream: width, start bit − first·width, base, mask
     for s in streams:
-        rows.append((s.bits, start_bit - first * s.bits, base))
+        rows.append((s.bits, start_bit - first * s.bits, base, (1 << s.bits) - 1))
         table += s.table + [-1] * ((1 << s.bits) - len(s.table))
         start_bit, first, base = start_bit + 8 * len(s.codes), first + s.n_codes, base + (1 << s.bits)
     work = torch.int32 if start_bit + 8 * total < 1 << 31 else torch.int64
-    stream_of = torch.repeat_interleave(torch.tensor(counts, dtype=work))
-    bits, shifted, bases = per_element(stream_of, rows, work)
+    _, (bits, shifted, bases, masks) = per_element(counts, rows, work)
     offsets = torch.arange(total, dtype=work).mul_(bits).add_(shifted)
     data = tensor_from_bytes(b"".join(s.codes for s in streams) + bytes(3))  # two bytes past every field
-    codes = read_varying_fields(data, offsets, bits)
+    codes = read_varying_fields(data, offsets, bits, masks)
     entries = torch.tensor(table, dtype=work).index_select(0, codes.add_(bases))
     if total and int(entries.min()) < 0:
         raise ValueError("a code indexes past its table of used entries")

@@ -5,9 +5,9 @@ operations, and a bitmap mask's ``nonzero`` is slow (~4 ns per weight here): a R
 7e7 weights/s. Here the records of one dtype are decoded with a fixed number of operations:
 
 1. :mod:`sqs_core._batch_plan` reads each record's tables from its bytes in Python.
-2. Codes to values (:mod:`sqs_core._batch_codes`): every record's kept values land in one buffer whose last
-   entry is +0; the escaped weights' values are overwritten by one scatter at the positions one batched
-   Rice decode gives.
+2. Codes to values (:mod:`sqs_core._batch_codes`): every record's kept values, and the escaped layout's
+   escape values, land in one buffer (one pass per code width) whose last entry is +0; the escaped weights'
+   values are overwritten by one scatter at the positions one batched Rice decode gives.
 3. Values to weights: all Rice masks by one scatter at their decoded positions; an ``"all"`` mask's weight
    is its values; all bitmap masks last, by gathers, each weight taking the value at its record's start plus
    its rank among the kept weights (the exclusive prefix count of its byte plus its rank within the byte) or
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ._artifact_layout import FLOAT_DTYPES, decode_weight
-from ._batch_codes import CodeStream, decode_code_buffer, decode_code_streams
+from ._batch_codes import CodeStream, decode_code_buffer
 from ._batch_plan import RecordPlan, plan_record
 from ._bits import set_bit_tables, tensor_from_bytes
 from ._rice import RiceStream, rice_decode_batch, rice_decode_stream
@@ -108,34 +108,30 @@ def _decode_group(plans: list[RecordPlan], dtype: torch.dtype, targets: dict[str
         CodeStream(p.codes, p.kept, p.code_bits, [off + e for e in p.table])
         for p, off in zip(plans, offsets, strict=True)
     ]
+    escaped = [(i, p.escape_stream) for i, p in enumerate(plans) if p.escape_stream is not None]
+    streams += [  # the escape codes: read in the same pass as the primary codes of their width
+        CodeStream(plans[i].escape_codes, ranks.m, plans[i].escape_bits, [offsets[i] + e for e in plans[i].rest])
+        for i, ranks in escaped
+    ]
     values, starts = decode_code_buffer(streams, codebook)  # record i's kept values from starts[i]; +0 last
-    _apply_escapes(plans, codebook, offsets, values, starts)
-    return _place(plans, values, starts, targets)
+    if escaped:  # overwrite the escaped weights' values, at their kept ranks, by their escape codes' values
+        pieces = [values[at : at + ranks.m] for (_, ranks), at in zip(escaped, starts[len(plans) :], strict=True)]
+        _scatter_rice(values, [(ranks, starts[i]) for i, ranks in escaped], pieces)
+    return _place(plans, values, starts[: len(plans)], targets)
 
 
 # -- codes to values --------------------------------------------------------------------------------------
-def _apply_escapes(plans: list[RecordPlan], codebook: Tensor, offsets: list[int], values: Tensor, starts: list[int]):
-    """Overwrite the escaped weights' values: S's entry of each escape code, at the escaped kept ranks."""
-    ranks, codes = [], []
-    for i, p in enumerate(plans):
-        if p.escape_stream is not None:
-            ranks.append((p.escape_stream, starts[i]))
-            codes.append(CodeStream(p.escape_codes, p.escape_stream.m, p.escape_bits, [offsets[i] + e for e in p.rest]))
-    if ranks:
-        _scatter_rice(values, ranks, decode_code_streams(codes, codebook))
-
-
 def _scatter_rice(target: Tensor, streams: list[tuple[RiceStream, int]], values: list[Tensor]) -> None:
-    """``target[shift + p] = value`` for each stream's coded positions p and its values. Streams of fewer
-    than RICE_BATCH_LIMIT positions are decoded together; longer ones alone, by the single-stream decoder,
-    which costs fewer operations per position."""
+    """``target[shift + p] = value`` for each stream's coded positions p and its values (which may be views of
+    ``target``). Streams of fewer than RICE_BATCH_LIMIT positions are decoded together; longer ones alone, by
+    the single-stream decoder, which costs fewer operations per position."""
     small = [i for i, (stream, _) in enumerate(streams) if stream.m < RICE_BATCH_LIMIT]
     if small:
         at = rice_decode_batch([streams[i][0] for i in small], [streams[i][1] for i in small])
         target.scatter_(0, at, torch.cat([values[i] for i in small]))
     for (stream, shift), piece in zip(streams, values, strict=True):
         if stream.m >= RICE_BATCH_LIMIT:
-            target.scatter_(0, rice_decode_stream(stream).add_(shift), piece)
+            target.scatter_(0, rice_decode_stream(stream).add_(shift), piece.clone())  # scatter_ refuses aliases
 
 
 # -- values to weights ------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ this plan does not cover, or one whose tables are inconsistent, gets no plan (``
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from torch import Tensor
 
@@ -19,9 +19,9 @@ from ._codes import field_bits
 from ._rice import MAX_BATCH_K, RICE_HEADER_BYTES, RiceStream, parse_rice_header
 
 
-@dataclass(frozen=True)
-class RecordPlan:
-    """One record's part of a batch: the bytes of its sections and the tables its codes index."""
+class RecordPlan(NamedTuple):
+    """One record's part of a batch: the bytes of its sections and the tables its codes index (a NamedTuple:
+    built in ~1.9 µs against a frozen dataclass's ~2.9, once per record and decode)."""
 
     name: str
     shape: list[int]
@@ -40,16 +40,20 @@ class RecordPlan:
     escape_bits: int
 
 
+GREEDY_SECTIONS = SECTIONS[: SECTIONS.index("escape_codes") + 1]
+"""The sections greedy weights need: the first ones of a blob (the sampling alternatives follow)."""
+
+
 def plan_record(name: str, rec: dict, blob: Tensor) -> RecordPlan | None:
     """The record's plan, or None when the batch does not cover it (or its tables are inconsistent)."""
     numel, kept, bits = _numel(rec["shape"]), rec["kept"], rec["code_bits"]
-    if kept == 0 or not 1 <= bits <= 8 or blob.device.type != "cpu" or not blob.is_contiguous():
+    if kept == 0 or not 1 <= bits <= 8 or not blob.is_cpu or not blob.is_contiguous():
         return None
     raw = ctypes.string_at(blob.data_ptr(), blob.numel()) if blob.numel() else b""
-    parts, start = {}, 0
-    for section in SECTIONS:
-        size = rec["sections"].get(section, 0)
-        parts[section], start = raw[start : start + size], start + size
+    parts, start, sizes = {}, 0, rec["sections"]  # read_artifact checked that they add up to the blob
+    for section in GREEDY_SECTIONS:
+        end = start + sizes.get(section, 0)
+        parts[section], start = raw[start:end], end
     entries = _set_bits(parts["used"], rec["stored_windows"] * rec["K"])
     mask = _mask(rec, parts["mask"], numel)
     if entries is None or len(entries) != rec["codes_used"] or mask is None:

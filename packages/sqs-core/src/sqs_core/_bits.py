@@ -232,10 +232,15 @@ def set_bit_positions(data: Tensor, dtype: torch.dtype = torch.int64) -> Tensor:
     return byte_of.mul_(8).add_(bit)
 
 
-def per_element(segment_of: Tensor, rows: Sequence[tuple[int, ...]], dtype: torch.dtype = torch.int64) -> list[Tensor]:
-    """Column j of ``rows`` (one row of ints per segment) spread over the elements: element i gets row
-    ``segment_of[i]``'s value. One gather per column (a 2-D repeat_interleave and transpose cost ~3× more)."""
-    return [torch.tensor(column, dtype=dtype).index_select(0, segment_of) for column in zip(*rows, strict=True)]
+def per_element(
+    counts: Sequence[int], rows: Sequence[tuple[int, ...]], dtype: torch.dtype = torch.int64
+) -> tuple[Tensor, list[Tensor]]:
+    """Segment s covers the next ``counts[s]`` elements. Returns each element's segment and column j of
+    ``rows`` (one row of ints per segment) spread over the elements: element i gets its segment's row. One
+    tensor for the counts and rows, one gather per column (a 2-D repeat_interleave and transpose cost ~3× more)."""
+    table = torch.tensor([list(counts), *zip(*rows, strict=True)], dtype=dtype)  # (1 + columns, segments)
+    segment_of = torch.repeat_interleave(table[0])
+    return segment_of, [column.index_select(0, segment_of) for column in table[1:]]
 
 
 def tensor_from_bytes(data: bytes | bytearray, dtype: torch.dtype = torch.uint8) -> Tensor:

@@ -219,10 +219,9 @@ def rice_decode_batch(streams: list[RiceStream], shifts: list[int] | None = None
     found = torch.searchsorted(ends, torch.tensor([row[0] for row in rows] + [8 * total_bytes], dtype=work)).tolist()
     if found[0] != 0 or [b - a for a, b in itertools.pairwise(found)] != counts:
         raise ValueError("a rice stream's unary code count disagrees with its header")
-    stream_of = torch.repeat_interleave(torch.tensor(counts, dtype=work))  # (M,) each coded position's stream
-    # per coded position: unary start, remainder start − first·k, k, 2^k − 1
+    # per coded position: its stream, and the stream's unary start, remainder start − first·k, k, 2^k − 1
     columns = [(a, b - first * k, k, (1 << k) - 1) for a, b, k, first in rows]
-    unary, shifted, k, low = per_element(stream_of, columns, work)
+    stream_of, (unary, shifted, k, low) = per_element(counts, columns, work)
     local_end = ends.sub_(unary)
     remainders = read_varying_fields(data, torch.arange(total_count, dtype=work).mul_(k).add_(shifted), k, low)
     steps = remainders.sub_(low).cumsum_(0)  # Σ_{j≤i} (r_j + 1 − 2^k) over all streams so far
