@@ -10,6 +10,7 @@ are read in one pass over every width as fields of varying width: ~15 operations
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from collections.abc import Callable
 from typing import NamedTuple
@@ -89,11 +90,7 @@ def _tables(group: list[CodeStream], codebook: Tensor, bits: int) -> Tensor:
 
 def _byte_values(group: list[CodeStream], tables: Tensor, bits: int, out: Tensor) -> None:
     """b ∈ {1, 2, 4, 8}: each code byte of stream g gathers its 8/b values from row g·256 + byte."""
-    data = tensor_from_bytes(b"".join(s.codes for s in group))
-    sizes = [len(s.codes) for s in group]
-    rows = data.int() + torch.repeat_interleave(
-        torch.arange(len(group), dtype=torch.int32) * 256, torch.tensor(sizes, dtype=torch.int64)
-    )
+    rows = _byte_rows(group)
     fields = _byte_fields(bits)  # (256, 8 // b)
     _check_codes(group, bits, lambda bad: bad[:, fields].any(-1).reshape(-1).index_select(0, rows))
     row_values = tables.index_select(1, fields.view(-1)).view(-1, 8 // bits)  # (G·256, 8 / b)
@@ -102,6 +99,19 @@ def _byte_values(group: list[CodeStream], tables: Tensor, bits: int, out: Tensor
         torch.index_select(row_values, 0, rows, out=out.view(-1, 8 // bits))
     else:
         torch.index_select(row_values.view(wide).view(-1), 0, rows, out=out.view(wide))
+
+
+def _byte_rows(group: list[CodeStream]) -> Tensor:
+    """(code bytes,) int32: each code byte of stream g as g·256 + byte, assembled in Python (an int32's bytes
+    are the code byte, then g's low bytes, in the machine's byte order): no tensor operation over the bytes."""
+    lanes = (0, 1, 2, 3) if sys.byteorder == "little" else (3, 2, 1, 0)  # the int32's bytes, lowest first
+    rows = bytearray(4 * sum(len(s.codes) for s in group))
+    rows[lanes[0] :: 4] = b"".join(s.codes for s in group)
+    for byte in (0, 1, 2):  # byte `byte` of g; the bytes above g's highest stay zero
+        if len(group) > 1 << 8 * byte:
+            ids = b"".join(bytes([g >> 8 * byte & 255]) * len(s.codes) for g, s in enumerate(group))
+            rows[lanes[byte + 1] :: 4] = ids
+    return tensor_from_bytes(rows, torch.int32)
 
 
 def _field_values(group: list[CodeStream], tables: Tensor, bits: int, out: Tensor) -> None:
