@@ -142,8 +142,8 @@ def set_bit_indices(packed: Tensor, count: int) -> Tensor:
     if packed.dtype != torch.uint8 or packed.dim() != 1 or packed.numel() != (count + 7) // 8:
         check_packed(packed, 1, count)  # raises the usual error
     value = int.from_bytes(bytes(packed.tolist()), "little")
-    if value >> count:
-        raise ValueError(f"padding bits of the last byte are not zero (last byte {int(packed[-1]):#04x})")
+    if value >> count:  # a padding bit is set
+        check_packed(packed, 1, count)  # raises the usual error
     return torch.tensor(set_bits_of(value), dtype=torch.int64, device=packed.device)
 
 

@@ -26,6 +26,7 @@ import sqs_core as sqs
 import torch
 from sqs_core import keep_top_fraction
 
+from ._json import jsonable
 from .hellinger import bootstrap_slope_ci, fit_slope, hellinger_sq
 from .hspace import in_h
 from .plots import plot_convergence
@@ -346,22 +347,5 @@ def write_study(tier: Tier | str, out_dir: Path, *, threads: int = 1) -> tuple[P
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "convergence.json"
-    json_path.write_text(json.dumps(_finite(result), indent=1, default=_json_default, allow_nan=False) + "\n")
+    json_path.write_text(json.dumps(jsonable(result), indent=1, allow_nan=False) + "\n")
     return json_path, plot_convergence(json.loads(json_path.read_text()), out_dir / "convergence.png")
-
-
-def _finite(obj):
-    """NaN (an undefined statistic, e.g. level accuracy with no true positive) becomes JSON null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def _json_default(obj):
-    if isinstance(obj, (np.floating, np.integer, np.bool_)):
-        return obj.item()
-    raise TypeError(f"not JSON serialisable: {type(obj)}")

@@ -18,6 +18,7 @@ import numpy as np
 from . import appendix_a as A
 from . import appendix_b as B
 from . import appendix_b_rates as R
+from ._json import jsonable
 from .hspace import in_h, index_space_size
 from .kl import GaussianMixture, kl_spike_slab_smoothed
 from .rates import lambda_condition_max_m, n_params, neg_log_lambda, r_n, s_n
@@ -53,23 +54,8 @@ class Erratum:
             "summary": self.summary,
             "statement": self.statement,
             "correction": self.correction,
-            "witness": _plain(dict(self.witness)),
+            "witness": jsonable(dict(self.witness), non_finite=str),
         }
-
-
-def _plain(x: Any) -> Any:
-    """JSON-safe copy: numpy scalars to Python, non-finite floats to strings."""
-    if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, list | tuple | np.ndarray):
-        return [_plain(v) for v in x]
-    if isinstance(x, bool | np.bool_):
-        return bool(x)
-    if isinstance(x, int | np.integer):
-        return int(x)
-    if isinstance(x, float | np.floating):
-        return float(x) if math.isfinite(x) else str(float(x))
-    return x
 
 
 @dataclass(frozen=True)
