@@ -39,6 +39,7 @@ from .chunked import (
     _gate_probs,
     _Uncovered,
     _uncovered_chunks,
+    gather,
 )
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
 from .onehot import _bin_bounds, bin_index, bin_table
@@ -224,10 +225,10 @@ def _uncovered_moments(th, wid, near, table, means, log_stds, log_mix, spec, sec
         m, s, best = KERNELS["_full_columns"](th, *columns, temperature, spec.kind, second)
         return m, s, best.to(torch.uint8)
     nearby = table.nearby.index_select(0, bin_index(th.detach(), table)).t().contiguous()  # (NEARBY, n) flat
-    columns = [p.reshape(-1)[nearby] for p in (means, log_stds, log_mix)]
-    total_sq = (means * means + torch.exp(2 * log_stds)).sum(-1)[wid] if second else None
+    columns = [gather(p.reshape(-1), nearby) for p in (means, log_stds, log_mix)]
+    total_sq = gather((means * means + torch.exp(2 * log_stds)).sum(-1), wid) if second else None
     lumped = _scalar(math.log(k - nearby.shape[0]))
-    m, s, pos = KERNELS["_nearby_columns"](th, *columns, means.sum(-1)[wid], total_sq, lumped, temperature)
+    m, s, pos = KERNELS["_nearby_columns"](th, *columns, gather(means.sum(-1), wid), total_sq, lumped, temperature)
     best = nearby.gather(0, pos[None]).squeeze(0)
     return m, s, (best - wid * k).to(torch.uint8)
 

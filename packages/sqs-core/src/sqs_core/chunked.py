@@ -213,22 +213,29 @@ def _nearby_moments(th, wid, nearby, means, log_stds, log_mix, spec, second):
     m = Σ_c φ_c μ_c + φ_l (Σ_k μ_k − Σ_c μ_c), and likewise s with μ² + σ²."""
     k = means.shape[1]
     lumped = math.log(k - nearby.shape[1])
-    mu, log_std = means.reshape(-1)[nearby], log_stds.reshape(-1)[nearby]
-    q = component_log_density(th, mu, log_std, log_mix.reshape(-1)[nearby])  # (n, NEARBY)
+    mu, log_std = gather(means.reshape(-1), nearby), gather(log_stds.reshape(-1), nearby)
+    q = component_log_density(th, mu, log_std, gather(log_mix.reshape(-1), nearby))  # (n, NEARBY)
     a = torch.exp(q.clamp(max=PAPER_CLAMP))  # π N, clamped as in the full first stage
     log_z = torch.logsumexp(torch.cat([a, a.new_full((a.shape[0], 1), lumped)], dim=1), dim=1, keepdim=True)
     stage2 = torch.cat([torch.exp(a - log_z), torch.exp(-log_z)], dim=1) / spec.temperature  # φ'/τ
     log_s = torch.logsumexp(torch.cat([stage2[:, :-1], stage2[:, -1:] + lumped], dim=1), dim=1, keepdim=True)
     phi = torch.exp(stage2 - log_s)  # (n, NEARBY + 1): the nearby φ_c, then each lumped component's φ_l
     phi_c, phi_l = phi[:, :-1], phi[:, -1]
-    m = (phi_c * mu).sum(-1) + phi_l * (means.sum(-1)[wid] - mu.sum(-1))
+    m = (phi_c * mu).sum(-1) + phi_l * (gather(means.sum(-1), wid) - mu.sum(-1))
     s = None
     if second:
         level_sq = mu * mu + torch.exp(2 * log_std)
-        all_sq = (means * means + torch.exp(2 * log_stds)).sum(-1)[wid]
+        all_sq = gather((means * means + torch.exp(2 * log_stds)).sum(-1), wid)
         s = (phi_c * level_sq).sum(-1) + phi_l * (all_sq - level_sq.sum(-1))
     best = nearby.gather(1, phi_c.detach().argmax(-1, keepdim=True)).squeeze(1)
     return m, s, (best - wid * k).to(torch.uint8)
+
+
+def gather(source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``source[index]`` along dim 0 for an integer index of any shape, by ``index_select``: its backward is
+    ``index_add_``, ~10× faster on the CPU than the accumulating ``index_put_`` that ``source[index]``'s
+    backward runs (34 against 3 ms for 100K rows of 64 into 3)."""
+    return source.index_select(0, index.reshape(-1)).view(*index.shape, *source.shape[1:])
 
 
 def _one_hot_moments(flat, means, log_stds, second):
@@ -244,8 +251,8 @@ def _level_second_moment(m, flat, log_stds):
 
 def _full_moments(th, wid, means, log_stds, log_mix, spec, second):
     """(m, s or None, log φ) of the full (n, K) evaluation, each weight with its window's components."""
-    mu, log_std = means[wid], log_stds[wid]  # gathered once: q and the moments share them (one gradient path)
-    q = component_log_density(th, mu, log_std, log_mix[wid])  # (n, K): row i holds window wid_i's components
+    mu, log_std = gather(means, wid), gather(log_stds, wid)  # gathered once: q and the moments share them
+    q = component_log_density(th, mu, log_std, gather(log_mix, wid))  # (n, K): row i holds window wid_i's
     log_phi = log_responsibilities(q, spec.kind, spec.temperature)
     phi = log_phi.exp()
     m = (phi * mu).sum(-1)
