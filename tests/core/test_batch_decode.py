@@ -62,12 +62,30 @@ def _assert_bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
     assert torch.equal(a, b) and torch.equal(torch.signbit(a), torch.signbit(b))
 
 
-@given(dists=st.lists(posteriors(), min_size=1, max_size=6), varying_limit=st.sampled_from([0, 1 << 15]))
-def test_batch_equals_one_by_one(dists, varying_limit):
-    """With the default limit these small records' codes take the varying-width pass; with 0, a pass per width."""
+@given(
+    dists=st.lists(posteriors(), min_size=1, max_size=6),
+    varying_limit=st.sampled_from([0, 1 << 15]),
+    group_limit=st.sampled_from([1 << 30, 4000]),
+)
+def test_batch_equals_one_by_one(dists, varying_limit, group_limit):
+    """With the default limit these small records' codes take the varying-width pass; with 0, a pass per width.
+    A small group limit sends the records past it to the one-by-one decoder; every values buffer stays within
+    the bound the limit is checked against."""
     records, blobs = _records(dists)
-    with patch.object(_batch_codes, "VARYING_LIMIT", varying_limit):
+    buffers = []
+
+    def recording(streams, codebook):
+        values, starts = decode_code_buffer(streams, codebook)
+        buffers.append(values.numel())
+        return values, starts
+
+    with (
+        patch.object(_batch_codes, "VARYING_LIMIT", varying_limit),
+        patch.object(_batch_decode, "GROUP_LIMIT", group_limit),
+        patch.object(_batch_decode, "decode_code_buffer", recording),
+    ):
         got = decode_weights(records, blobs)
+    assert all(size <= group_limit for size in buffers)
     assert list(got) == [r["layers"][0] for r in records]
     for rec in records:
         name = rec["layers"][0]
@@ -93,6 +111,36 @@ def test_decoding_into_tensors_writes_them(dists, data):
         _assert_bits_equal(got[name], decode_weight(name, rec, blobs[name]))
         if name in into:
             assert got[name] is into[name]
+
+
+def test_group_limit_counts_escape_values():
+    """A record whose weights fit under the group limit but whose kept values plus escape values do not is
+    decoded alone: the batch's int32 indices (a bitmap index adds 2^30) must stay below the limit."""
+    gen = torch.Generator().manual_seed(0)
+    n = 3900
+    window_ids = torch.where(torch.rand(n, generator=gen) < 0.7, 0, torch.randint(0, 3, (n,), generator=gen))
+    dist = DiscretePosterior(
+        shape=(n,),
+        codebook=torch.randn(3, 4, generator=gen),
+        window_ids=window_ids.to(torch.uint8),
+        greedy=torch.randint(0, 4, (n,), generator=gen, dtype=torch.uint8),
+        keep=torch.ones(n, dtype=torch.bool),
+        alt_index=torch.zeros(0, dtype=torch.long),
+        alt_probs=torch.zeros(0, 4),
+    )
+    records, blobs = _records([dist])
+    assert records[0]["escaped"] > 4000 - n  # kept values and escape values exceed the limit
+    buffers = []
+
+    def recording(streams, codebook):
+        values, starts = decode_code_buffer(streams, codebook)
+        buffers.append(values.numel())
+        return values, starts
+
+    with patch.object(_batch_decode, "GROUP_LIMIT", 4000), patch.object(_batch_decode, "decode_code_buffer", recording):
+        got = decode_weights(records, blobs)
+    assert buffers == []  # decoded alone
+    _assert_bits_equal(got["layer0"], decode_weight("layer0", records[0], blobs["layer0"]))
 
 
 def test_targets_must_name_records_of_their_shape():

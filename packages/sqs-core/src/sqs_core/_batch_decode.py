@@ -40,7 +40,8 @@ RICE_BATCH_LIMIT = 8192
 position), and records whose Rice mask has that many go through decode_weight whole: a lone 4096² layer
 at 25% decoded 0.8x as fast batched."""
 GROUP_LIMIT = 1 << 30
-"""Weights of one batch: its indices are int32, with 2^30 marking a pruned weight."""
+"""Bound on the weights and values of one batch (:func:`_buffer_bound`): its indices are int32, and a bitmap
+index adds 2^30 to mark a pruned weight."""
 BITMAP_CHUNK_BYTES = 8192
 """Mask bytes per step of the bitmap gather: its 256 KiB int32 index is reused. One index for a whole model
 (4 bytes per weight) costs more in fresh-page faults than the gather itself (~1 µs per 4 KiB page here)."""
@@ -63,11 +64,11 @@ def decode_weights(
         name, dtype = rec["layers"][0], rec["dtype"]
         plan = plan_record(name, rec, blobs[name])
         long_rice = plan is not None and plan.mask == "rice" and plan.kept >= RICE_BATCH_LIMIT  # faster alone
-        if plan is None or long_rice or sizes[dtype] + plan.numel >= GROUP_LIMIT:  # int32 indices below 2^30
+        if plan is None or long_rice or sizes[dtype] + _buffer_bound(plan) >= GROUP_LIMIT:  # int32 indices
             out[name] = decode_weight(name, rec, blobs[name])
         else:
             groups[dtype].append(plan)
-            sizes[dtype] += plan.numel
+            sizes[dtype] += _buffer_bound(plan)
     # a group writes its targets after its last check; with several groups, later ones could still fail
     direct = targets if len(groups) == 1 else {}
     for dtype, plans in groups.items():
@@ -82,6 +83,12 @@ def decode_weights(
         if out[name] is not target:
             out[name] = target.copy_(out[name])
     return {rec["layers"][0]: out[rec["layers"][0]] for rec in records}
+
+
+def _buffer_bound(plan: RecordPlan) -> int:
+    """A bound on the entries the record adds to its group's buffers: its weights (or, in the values buffer,
+    its kept values and padding fields, < 16 more, and its escape values, at most as many as it keeps)."""
+    return plan.numel + 16 + (plan.escape_stream.m if plan.escape_stream is not None else 0)
 
 
 def _targets(records: list[dict], into: dict[str, Tensor]) -> dict[str, Tensor]:
