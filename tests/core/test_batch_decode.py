@@ -65,12 +65,13 @@ def _assert_bits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
 @given(
     dists=st.lists(posteriors(), min_size=1, max_size=6),
     varying_limit=st.sampled_from([0, 1 << 15]),
-    group_limit=st.sampled_from([1 << 30, 4000]),
+    group_limits=st.sampled_from([(1 << 30, 1 << 20), (4000, 1 << 20), (1 << 30, 2)]),
 )
-def test_batch_equals_one_by_one(dists, varying_limit, group_limit):
+def test_batch_equals_one_by_one(dists, varying_limit, group_limits):
     """With the default limit these small records' codes take the varying-width pass; with 0, a pass per width.
-    A small group limit sends the records past it to the one-by-one decoder; every values buffer stays within
-    the bound the limit is checked against."""
+    Small group limits (values, records) send the records past them to the one-by-one decoder; every values
+    buffer stays within the bound the limit is checked against."""
+    group_limit, group_records = group_limits
     records, blobs = _records(dists)
     buffers = []
 
@@ -82,10 +83,12 @@ def test_batch_equals_one_by_one(dists, varying_limit, group_limit):
     with (
         patch.object(_batch_codes, "VARYING_LIMIT", varying_limit),
         patch.object(_batch_decode, "GROUP_LIMIT", group_limit),
+        patch.object(_batch_decode, "GROUP_RECORDS", group_records),
         patch.object(_batch_decode, "decode_code_buffer", recording),
     ):
         got = decode_weights(records, blobs)
-    assert all(size <= group_limit for size in buffers)
+    assert all(1 < size <= group_limit for size in buffers)  # no empty batch: its buffer would be the +0 alone
+    assert len(buffers) <= len(records)
     assert list(got) == [r["layers"][0] for r in records]
     for rec in records:
         name = rec["layers"][0]

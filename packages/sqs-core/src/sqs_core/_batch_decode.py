@@ -42,6 +42,9 @@ at 25% decoded 0.8x as fast batched."""
 GROUP_LIMIT = 1 << 30
 """Bound on the weights and values of one batch (:func:`_buffer_bound`): its indices are int32, and a bitmap
 index adds 2^30 to mark a pruned weight."""
+GROUP_RECORDS = 1 << 20
+"""Records of one batch: the byte pass indexes row g·256 + byte of a table per code stream (int32, and each
+escaped record adds a stream)."""
 BITMAP_CHUNK_BYTES = 8192
 """Mask bytes per step of the bitmap gather: its 256 KiB int32 index is reused. One index for a whole model
 (4 bytes per weight) costs more in fresh-page faults than the gather itself (~1 µs per 4 KiB page here)."""
@@ -63,8 +66,7 @@ def decode_weights(
     for rec in records:
         name, dtype = rec["layers"][0], rec["dtype"]
         plan = plan_record(name, rec, blobs[name])
-        long_rice = plan is not None and plan.mask == "rice" and plan.kept >= RICE_BATCH_LIMIT  # faster alone
-        if plan is None or long_rice or sizes[dtype] + _buffer_bound(plan) >= GROUP_LIMIT:  # int32 indices
+        if plan is None or _alone(plan, sizes[dtype], len(groups.get(dtype, ()))):
             out[name] = decode_weight(name, rec, blobs[name])
         else:
             groups[dtype].append(plan)
@@ -83,6 +85,12 @@ def decode_weights(
         if out[name] is not target:
             out[name] = target.copy_(out[name])
     return {rec["layers"][0]: out[rec["layers"][0]] for rec in records}
+
+
+def _alone(plan: RecordPlan, group_size: int, group_records: int) -> bool:
+    """Whether the record is decoded by itself: a long Rice mask (faster alone), or a full batch."""
+    long_rice = plan.mask == "rice" and plan.kept >= RICE_BATCH_LIMIT
+    return long_rice or group_size + _buffer_bound(plan) >= GROUP_LIMIT or group_records >= GROUP_RECORDS
 
 
 def _buffer_bound(plan: RecordPlan) -> int:
