@@ -183,19 +183,27 @@ def _full_columns(th, mu, log_std, log_mix, temperature, kind, second):
     return (phi * mu).sum(0), s, log_phi.argmax(0)
 
 
-def _nearby_columns(th, mu, log_std, log_mix, total_mu, total_sq, lumped, temperature):
-    """chunked._nearby_moments on gathered (NEARBY, n) columns: φ_c of the nearby components and one φ_l
-    shared by the L lumped ones (``lumped`` = log L); ``total_mu``, ``total_sq``: Σ_k μ_k, Σ_k (μ_k² + σ_k²)
-    of each weight's window (``total_sq`` None: no s). Returns (m, s or None, argmax_c φ_c)."""
-    a = torch.exp(_log_density_columns(th, mu, log_std, log_mix).clamp(max=PAPER_CLAMP))  # π N: first stage
-    log_z = torch.logaddexp(torch.logsumexp(a, 0), lumped)
-    stage2, stage2_l = torch.exp(a - log_z) / temperature, torch.exp(-log_z) / temperature  # φ'/τ
-    log_s = torch.logaddexp(torch.logsumexp(stage2, 0), stage2_l + lumped)
-    phi_c, phi_l = torch.exp(stage2 - log_s), torch.exp(stage2_l - log_s)
+def _nearby_columns(th, mu, inv_std, const, total_mu, total_sq, lumped_count, temperature):
+    """chunked._nearby_moments on gathered (NEARBY, n) columns (``inv_std`` = 1/σ_c, ``const`` = log π_c − log σ_c
+    − ½ log 2π): φ_c of the nearby components and one φ_l shared by the L = ``lumped_count`` lumped ones;
+    ``total_mu``, ``total_sq``: Σ_k μ_k, Σ_k (μ_k² + σ_k²) of each weight's window (``total_sq`` None: no s).
+    Each stage's exponentials are taken once and normalised by their sum (the log-sum-exps of the eager code
+    take them again), and 1/σ comes gathered: 26 exponentials per weight instead of about 55. Returns
+    (m, s or None, argmax_c φ_c)."""
+    z = (th - mu) * inv_std
+    a = torch.exp((const - 0.5 * z * z).clamp(max=PAPER_CLAMP))  # π N: the first stage's inputs
+    top = torch.clamp(a.amax(0), min=0.0)  # the lumped components have a = 0
+    e, e_l = torch.exp(a - top), torch.exp(-top)
+    scale = 1.0 / ((e.sum(0) + e_l * lumped_count) * temperature)
+    stage2, stage2_l = e * scale, e_l * scale  # φ'/τ
+    top2 = torch.maximum(stage2.amax(0), stage2_l)
+    f, f_l = torch.exp(stage2 - top2), torch.exp(stage2_l - top2)
+    norm = 1.0 / (f.sum(0) + f_l * lumped_count)
+    phi_c, phi_l = f * norm, f_l * norm
     m = (phi_c * mu).sum(0) + phi_l * (total_mu - mu.sum(0))
     s = None
     if total_sq is not None:
-        level_sq = mu * mu + torch.exp(2 * log_std)
+        level_sq = mu * mu + 1.0 / (inv_std * inv_std)
         s = (phi_c * level_sq).sum(0) + phi_l * (total_sq - level_sq.sum(0))
     return m, s, phi_c.argmax(0)
 
@@ -224,10 +232,12 @@ def _uncovered_moments(th, wid, near, table, means, log_stds, log_mix, spec, sec
         columns = [p.t().index_select(1, wid) for p in (means, log_stds, log_mix)]  # (K, n)
         m, s, best = KERNELS["_full_columns"](th, *columns, temperature, spec.kind, second)
         return m, s, best.to(torch.uint8)
-    nearby = table.nearby.index_select(0, bin_index(th.detach(), table)).t().contiguous()  # (NEARBY, n) flat
-    columns = [gather(p.reshape(-1), nearby) for p in (means, log_stds, log_mix)]
+    bins = bin_index(th.detach(), table)
+    nearby = torch.stack([column.index_select(0, bins) for column in table.nearby.unbind(1)])  # (NEARBY, n) flat
+    tables = (means, torch.exp(-log_stds), log_mix - log_stds - HALF_LOG_2PI)  # μ, 1/σ, log π − log σ − ½ log 2π
+    columns = [gather(p.reshape(-1), nearby) for p in tables]
     total_sq = gather((means * means + torch.exp(2 * log_stds)).sum(-1), wid) if second else None
-    lumped = _scalar(math.log(k - nearby.shape[0]))
+    lumped = _scalar(float(k - nearby.shape[0]))
     m, s, pos = KERNELS["_nearby_columns"](th, *columns, gather(means.sum(-1), wid), total_sq, lumped, temperature)
     best = nearby.gather(0, pos[None]).squeeze(0)
     return m, s, (best - wid * k).to(torch.uint8)
