@@ -116,22 +116,26 @@ def test_decoding_into_tensors_writes_them(dists, data):
             assert got[name] is into[name]
 
 
-def test_group_limit_counts_escape_values():
-    """A record whose weights fit under the group limit but whose kept values plus escape values do not is
-    decoded alone: the batch's int32 indices (a bitmap index adds 2^30) must stay below the limit."""
+def _windowed(n: int, keep_rate: float) -> DiscretePosterior:
+    """n weights, 30% of them spread over 3 windows of K = 4: the escaped layout lists ~20% of the kept ones."""
     gen = torch.Generator().manual_seed(0)
-    n = 3900
     window_ids = torch.where(torch.rand(n, generator=gen) < 0.7, 0, torch.randint(0, 3, (n,), generator=gen))
-    dist = DiscretePosterior(
+    return DiscretePosterior(
         shape=(n,),
         codebook=torch.randn(3, 4, generator=gen),
         window_ids=window_ids.to(torch.uint8),
         greedy=torch.randint(0, 4, (n,), generator=gen, dtype=torch.uint8),
-        keep=torch.ones(n, dtype=torch.bool),
+        keep=torch.rand(n, generator=gen) < keep_rate,
         alt_index=torch.zeros(0, dtype=torch.long),
         alt_probs=torch.zeros(0, 4),
     )
-    records, blobs = _records([dist])
+
+
+def test_group_limit_counts_escape_values():
+    """A record whose weights fit under the group limit but whose kept values plus escape values do not is
+    decoded alone: the batch's int32 indices (a bitmap index adds 2^30) must stay below the limit."""
+    n = 3900
+    records, blobs = _records([_windowed(n, keep_rate=1.0)])
     assert records[0]["escaped"] > 4000 - n  # kept values and escape values exceed the limit
     buffers = []
 
@@ -143,6 +147,15 @@ def test_group_limit_counts_escape_values():
     with patch.object(_batch_decode, "GROUP_LIMIT", 4000), patch.object(_batch_decode, "decode_code_buffer", recording):
         got = decode_weights(records, blobs)
     assert buffers == []  # decoded alone
+    _assert_bits_equal(got["layer0"], decode_weight("layer0", records[0], blobs["layer0"]))
+
+
+def test_long_escape_list_matches_one_by_one():
+    """An escape list of RICE_BATCH_LIMIT or more positions is decoded by the single-stream decoder and its
+    values, views of the same buffer, are scattered into it."""
+    records, blobs = _records([_windowed(120_000, keep_rate=0.5)])
+    assert records[0]["escaped"] >= _batch_decode.RICE_BATCH_LIMIT
+    got = decode_weights(records, blobs)
     _assert_bits_equal(got["layer0"], decode_weight("layer0", records[0], blobs["layer0"]))
 
 
