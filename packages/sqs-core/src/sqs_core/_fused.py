@@ -44,7 +44,7 @@ from .chunked import (
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
 from .onehot import _bin_bounds, bin_index, bin_table
 
-__all__ = ["KERNELS", "FusedGateKL", "FusedPosteriorMoments"]
+__all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +156,8 @@ def _gate_kl_sum(gate_logits, mask, window_ids, kstar, component_kl, tau, k, log
 
 
 def _gate_kl_backward(gate_logits, mask, window_ids, kstar, component_kl, tau, k, prior_logit, grad):
-    """(flat index, λ̃ as float64, ∂KL/∂s̃) of one chunk, as _GateKL.backward (``prior_logit`` None: no
-    Bernoulli term)."""
+    """(flat index, λ̃ as float64, ∂KL/∂s̃) of one chunk, as chunked._gate_kl_chunk_grads (``prior_logit``
+    None: no Bernoulli term)."""
     scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
     flat = _flat(window_ids, kstar, k)
     dkl_dlam = component_kl[flat] if prior_logit is None else component_kl[flat] + (scaled - prior_logit)
@@ -320,32 +320,15 @@ class FusedPosteriorMoments(torch.autograd.Function):
         return g_theta, g_gate, *grads, None, None, None, None, None
 
 
-class FusedGateKL(torch.autograd.Function):
-    """chunked._GateKL with the per-weight passes fused: the same KL sum and gradients."""
+def gate_kl_total(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep):
+    """chunked._gate_kl_total as one kernel over all T weights (float64 sum)."""
+    logs = (None, None) if prior_keep is None else (_scalar(math.log(prior_keep)), _scalar(math.log1p(-prior_keep)))
+    args = (component_kl.reshape(-1), _scalar(gate_temperature), component_kl.shape[1], *logs)
+    return KERNELS["_gate_kl_sum"](gate_logits, mask, window_ids, kstar, *args)
 
-    @staticmethod
-    def forward(ctx, gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep):
-        k = component_kl.shape[1]
-        logs = (None, None) if prior_keep is None else (_scalar(math.log(prior_keep)), _scalar(math.log1p(-prior_keep)))
-        args = (component_kl.reshape(-1), _scalar(gate_temperature), k, *logs)
-        total = KERNELS["_gate_kl_sum"](gate_logits, mask, window_ids, kstar, *args)
-        ctx.save_for_backward(gate_logits, component_kl, mask, window_ids, kstar)
-        ctx.gate_temperature, ctx.prior_keep = gate_temperature, prior_keep
-        return total.to(gate_logits.dtype)
 
-    @staticmethod
-    def backward(ctx, grad):
-        gate_logits, component_kl, mask, window_ids, kstar = ctx.saved_tensors
-        w_count, k = component_kl.shape
-        prior_keep = ctx.prior_keep
-        prior_logit = None if prior_keep is None else _scalar(math.log(prior_keep) - math.log1p(-prior_keep))
-        args = (component_kl.reshape(-1), _scalar(ctx.gate_temperature), k, prior_logit, grad)
-        g_gate = torch.empty_like(gate_logits)
-        g_comp = torch.zeros(w_count * k, dtype=torch.float64, device=gate_logits.device)
-        for a, b in _chunk_ranges(gate_logits.numel(), 1):
-            flat, lam, g_gate[a:b] = KERNELS["_gate_kl_backward"](
-                gate_logits[a:b], mask[a:b], window_ids[a:b], kstar[a:b], *args
-            )
-            g_comp.index_add_(0, flat, lam)
-        g_comp = (grad * g_comp).to(component_kl.dtype).reshape(w_count, k)
-        return g_gate, g_comp, None, None, None, None, None
+def gate_kl_chunk_grads(gate_logits, component_kl, mask, window_ids, kstar, tau, prior_keep, grad):
+    """chunked._gate_kl_chunk_grads as one kernel."""
+    prior_logit = None if prior_keep is None else _scalar(math.log(prior_keep) - math.log1p(-prior_keep))
+    args = (component_kl.reshape(-1), _scalar(tau), component_kl.shape[1], prior_logit, grad)
+    return KERNELS["_gate_kl_backward"](gate_logits, mask, window_ids, kstar, *args)

@@ -322,49 +322,68 @@ class _GateKL(torch.autograd.Function):
 
     ``prior_keep`` None drops the Bernoulli term (the Gaussian-prior ablation, eq. Gaussian prior).
     A gate forced to zero by the pruning schedule has λ̃ = 0: its term is the constant −log(1 − λ).
+    ``compiled``: the sum and each chunk's gradients by sqs_core._fused's kernels (the same values).
     """
 
     @staticmethod
-    def forward(ctx, gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep):
-        w_count, k = component_kl.shape
-        flat_kl = component_kl.reshape(-1)
-        total = torch.zeros((), dtype=torch.float64, device=gate_logits.device)
-        for a, b in _chunk_ranges(gate_logits.numel(), 1):
-            on = mask[a:b]
-            scaled, _, lam = _gate_probs(gate_logits[a:b], on, gate_temperature)
-            ck = flat_kl.index_select(0, _flat_index(window_ids[a:b], kstar[a:b], w_count, k))
-            total += (lam * ck).sum(dtype=torch.float64)
-            if prior_keep is not None:
-                bern = torch.where(on, bernoulli_kl(scaled, prior_keep), -math.log1p(-prior_keep))
-                total += bern.sum(dtype=torch.float64)
+    def forward(ctx, gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep, compiled):
+        total_of, _ = _gate_kl_parts(compiled)
+        total = total_of(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep)
         ctx.save_for_backward(gate_logits, component_kl, mask, window_ids, kstar)
-        ctx.gate_temperature, ctx.prior_keep = gate_temperature, prior_keep
+        ctx.gate_temperature, ctx.prior_keep, ctx.compiled = gate_temperature, prior_keep, compiled
         return total.to(gate_logits.dtype)
 
     @staticmethod
     def backward(ctx, grad):
         gate_logits, component_kl, mask, window_ids, kstar = ctx.saved_tensors
-        tau, prior_keep = ctx.gate_temperature, ctx.prior_keep
-        w_count, k = component_kl.shape
-        flat_kl = component_kl.reshape(-1)
+        _, chunk_grads = _gate_kl_parts(ctx.compiled)
         g_gate = torch.empty_like(gate_logits)
-        g_comp = torch.zeros(w_count * k, dtype=torch.float64, device=gate_logits.device)
-        prior_logit = 0.0 if prior_keep is None else math.log(prior_keep) - math.log1p(-prior_keep)
+        g_comp = torch.zeros(component_kl.numel(), dtype=torch.float64, device=gate_logits.device)
         for a, b in _chunk_ranges(gate_logits.numel(), 1):
-            scaled, lam_raw, lam = _gate_probs(gate_logits[a:b], mask[a:b], tau)
-            index = _flat_index(window_ids[a:b], kstar[a:b], w_count, k)
-            dkl_dlam = flat_kl.index_select(0, index) + ((scaled - prior_logit) if prior_keep is not None else 0.0)
-            g_gate[a:b] = dkl_dlam * lam * (1 - lam_raw) * (grad / tau)
-            g_comp.index_add_(0, index, lam.double())
-        g_comp = (grad * g_comp).to(component_kl.dtype).reshape(w_count, k)
-        return g_gate, g_comp, None, None, None, None, None
+            chunk = (gate_logits[a:b], component_kl, mask[a:b], window_ids[a:b], kstar[a:b])
+            index, lam, g_gate[a:b] = chunk_grads(*chunk, ctx.gate_temperature, ctx.prior_keep, grad)
+            g_comp.index_add_(0, index, lam)
+        g_comp = (grad * g_comp).to(component_kl.dtype).reshape(component_kl.shape)
+        return g_gate, g_comp, None, None, None, None, None, None
+
+
+def _gate_kl_parts(compiled: bool):
+    """(KL sum, one chunk's (flat index, λ̃ as float64, ∂KL/∂s̃)): eager here, or sqs_core._fused's kernels."""
+    if not compiled:
+        return _gate_kl_total, _gate_kl_chunk_grads
+    from ._fused import gate_kl_chunk_grads, gate_kl_total  # torch.compile machinery only when asked for
+
+    return gate_kl_total, gate_kl_chunk_grads
+
+
+def _gate_kl_total(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep):
+    """The KL sum in float64, chunk by chunk."""
+    w_count, k = component_kl.shape
+    flat_kl = component_kl.reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=gate_logits.device)
+    for a, b in _chunk_ranges(gate_logits.numel(), 1):
+        on = mask[a:b]
+        scaled, _, lam = _gate_probs(gate_logits[a:b], on, gate_temperature)
+        ck = flat_kl.index_select(0, _flat_index(window_ids[a:b], kstar[a:b], w_count, k))
+        total += (lam * ck).sum(dtype=torch.float64)
+        if prior_keep is not None:
+            bern = torch.where(on, bernoulli_kl(scaled, prior_keep), -math.log1p(-prior_keep))
+            total += bern.sum(dtype=torch.float64)
+    return total
+
+
+def _gate_kl_chunk_grads(gate_logits, component_kl, mask, window_ids, kstar, tau, prior_keep, grad):
+    """One chunk's (flat index w·K + k*, λ̃ as float64, ∂KL/∂s̃)."""
+    w_count, k = component_kl.shape
+    prior_logit = 0.0 if prior_keep is None else math.log(prior_keep) - math.log1p(-prior_keep)
+    scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
+    index = _flat_index(window_ids, kstar, w_count, k)
+    dkl_dlam = component_kl.reshape(-1).index_select(0, index) + (
+        (scaled - prior_logit) if prior_keep is not None else 0.0
+    )
+    return index, lam.double(), dkl_dlam * lam * (1 - lam_raw) * (grad / tau)
 
 
 def gate_kl(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep, *, compiled=False):
     """Differentiable KL sum of one posterior; see :class:`_GateKL` (``compiled``: sqs_core._fused)."""
-    function: type[torch.autograd.Function] = _GateKL
-    if compiled:
-        from ._fused import FusedGateKL  # torch.compile machinery only when asked for
-
-        function = FusedGateKL
-    return function.apply(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep)
+    return _GateKL.apply(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep, compiled)
