@@ -50,17 +50,22 @@ def _posterior(settings, compiled, seed=0):
 
 
 def _values_and_grads(p, second):
-    """θ^avg, Var, k*, the KL and the gradients of a random linear functional of all three."""
+    """θ^avg, Var, k*, the KL and the gradients of a random linear functional of all three; the KL once as
+    the forward summed it and once summed again on its own (sqs_core._gate_kl), which must agree."""
     mean, var = p.moments(second=second)
     kstar = p._kstar.clone()
-    kl = p.kl()
-    g = torch.Generator().manual_seed(1)
-    out = (mean * torch.randn(mean.shape, generator=g, dtype=mean.dtype)).sum() + 1e-3 * kl
-    if second:
-        out = out + (var * torch.randn(var.shape, generator=g, dtype=var.dtype)).sum()
+    results = [mean.detach(), (var.detach() if second else mean.detach())]
     params = [p.means, p.log_stds, p.mixing_logits, p.gate_logits] + ([p.weight] if p.config.train_weight else [])
-    grads = torch.autograd.grad(out, params)
-    return [mean.detach(), (var.detach() if second else mean.detach()), kl.detach(), *grads], kstar
+    for kl in (p.kl(), p.kl()):  # the first call hands out the forward's KL, the second sums it again
+        g = torch.Generator().manual_seed(1)
+        out = (mean * torch.randn(mean.shape, generator=g, dtype=mean.dtype)).sum() + 1e-3 * kl
+        if second:
+            out = out + (var * torch.randn(var.shape, generator=g, dtype=var.dtype)).sum()
+        results += [kl.detach(), *torch.autograd.grad(out, params, retain_graph=True)]
+    half = (len(results) - 2) // 2
+    for index, (a, b) in enumerate(zip(results[2 : 2 + half], results[2 + half :], strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * max(float(b.abs().max()), 1.0), msg=f"KL {index}")
+    return results, kstar
 
 
 @pytest.fixture
@@ -81,7 +86,7 @@ def test_compiled_values_and_gradients_match_eager(small_chunks, case):
     moments = "_moments_second" if second else "_moments_first"
     for name in ("_bin_bounds", moments, "_one_hot_backward", "_gate_kl_sum", "_gate_kl_backward"):
         assert calls[name] > 0, (name, calls)
-    assert (calls["_nearby_columns"] > 0) == nearby, calls
+    assert (calls["_nearby_columns"] > 0) == nearby == (calls["_nearby_forward"] > 0), calls
     assert calls["_full_columns"] > 0 or nearby, calls
     assert torch.equal(got_kstar, want_kstar)
     for index, (a, b) in enumerate(zip(got, want, strict=True)):

@@ -64,12 +64,17 @@ def test_chunked_forward_and_backward_match_autograd(monkeypatch, kind, windows,
 
 
 @pytest.mark.parametrize("gaussian", [False, True])
-def test_gate_kl_value_and_gradients_match_autograd(monkeypatch, gaussian):
+@pytest.mark.parametrize("source", ["forward", "alone"])  # summed by moments(), or again by sqs_core._gate_kl
+def test_gate_kl_value_and_gradients_match_autograd(monkeypatch, gaussian, source):
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 50)
     prior = sqs.GaussianPrior(slab_std=0.7) if gaussian else sqs.SpikeSlabPrior(keep_prob=0.3, slab_std=0.7)
     p = _posterior(prior=prior, temperature=0.05)
     p.moments()
     kl = p.kl()
+    if source == "alone":
+        assert kl.grad_fn is not None and "PosteriorMoments" in type(kl.grad_fn).__name__
+        kl = p.kl()  # the forward's KL is handed out once; this one is summed again
+        assert "GateKL" in type(kl.grad_fn).__name__
     _, _, phi = _reference(p, False)
     kstar = phi.argmax(-1)
     wid = p.window_ids.reshape(-1).long()
@@ -84,6 +89,22 @@ def test_gate_kl_value_and_gradients_match_autograd(monkeypatch, gaussian):
     params = [p.gate_logits, p.means, p.log_stds]
     for a, b in zip(torch.autograd.grad(kl, params), torch.autograd.grad(ref, params), strict=True):
         assert torch.allclose(a, b, atol=1e-9, rtol=1e-6)
+
+
+def test_forward_kl_is_not_reused_after_the_parameters_change():
+    p = _posterior(temperature=0.05)
+    p.moments()
+    with torch.no_grad():
+        peek = p.kl()  # without gradients: a look that leaves the forward's KL pending
+        p.gate_logits.add_(0.5)  # say an optimizer step between the forward and kl(); k* stays
+    assert "PosteriorMoments" in type(p._pending_kl[0].grad_fn).__name__
+    current = p.kl()
+    assert "GateKL" in type(current.grad_fn).__name__  # summed again, at the new gates
+    assert not torch.allclose(current, peek)
+    p.moments()
+    fused = p.kl()
+    assert "PosteriorMoments" in type(fused.grad_fn).__name__
+    assert torch.allclose(fused, current, rtol=1e-12)
 
 
 @settings(max_examples=15)

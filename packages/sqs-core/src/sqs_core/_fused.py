@@ -5,19 +5,24 @@ weights: λ̃ = sigmoid(s̃/τ') (eq. lambda-prime), the one-hot certificate (:m
 θ^avg = λ̃ μ_k* and Var_q, their gradients, and the gate KL (eq. approx_elbo) with its gradients, about
 25 passes each reading and writing T numbers. Here each group is one kernel fused by inductor:
 
-* moments forward: gate, certificate lookup, θ^avg, k* (and Var): one kernel over all T weights; the B·K
-  bounds of the certificate's bin table (onehot._bin_bounds): one kernel;
-* moments backward: gate, one-hot gradients, ∂/∂s̃: one kernel per chunk of CHUNK_ELEMENTS weights;
-* the weights the certificate does not cover: φ on all K or on the NEARBY components, with the components
-  along the first dimension so that the reductions over k vectorise along the weights; values, and
-  gradients (AOTAutograd) when backward recomputes them;
-* gate KL forward: one float64 reduction over all T weights; gate KL backward: one kernel per chunk.
+* moments forward: gate, certificate lookup, θ^avg, k* (and Var) and the float64 gate-KL sum (the KL is
+  summed in the same pass, chunked._PosteriorMoments): one kernel over all T weights; the B·K bounds of the
+  certificate's bin table (onehot._bin_bounds): one kernel;
+* moments backward: gate, one-hot gradients, the gate KL's gradients, ∂/∂s̃: one kernel per chunk of
+  CHUNK_ELEMENTS weights;
+* the weights the certificate does not cover (sqs_core._fused_uncovered): in forward, a block of weights in
+  lumpable bins is one kernel that gathers its inputs, looks up its bins' NEARBY components and evaluates
+  φ with the loop over components unrolled; the other uncovered weights, φ on all K with the components
+  along the first dimension so that the reductions over k vectorise along the weights. Backward recomputes
+  both from eagerly gathered columns, values and gradients by AOTAutograd;
+* the gate KL on its own (sqs_core._gate_kl, when a forward's KL is not at hand): one float64 reduction
+  over all T weights; its backward one kernel per chunk.
 
-What stays eager: finding the uncovered weights (``nonzero``) and gathering their rows of the (W, K)
-parameters (so the gradients reach the parameters through the deterministic backward of indexing), the
-table's ``topk``, and the float64 ``index_add_`` that sums per-weight gradients into the (W, K) parameters
-(compiled, it becomes atomic adds whose order, hence result, varies between runs with several threads).
-The backward works in chunks so that its float64 temporaries stay O(CHUNK_ELEMENTS).
+What stays eager: finding the uncovered weights (``nonzero``), gathering their rows of the (W, K)
+parameters in backward (so the gradients reach the parameters through the deterministic backward of
+indexing), the table's ``topk``, and the float64 ``index_add_`` that sums per-weight gradients into the
+(W, K) parameters (compiled, it becomes atomic adds whose order, hence result, varies between runs with
+several threads). The backward works in chunks so that its float64 temporaries stay O(CHUNK_ELEMENTS).
 
 Each kernel is compiled on its first call (``dynamic=True``: one graph for every size, chunk and K;
 floats travel as 0-d tensors so no value triggers a recompile). Importing this module compiles nothing.
@@ -33,6 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ._fused_uncovered import _full_columns, _nearby_columns, _nearby_forward
 from .chunked import (
     _chunk_ranges,
     _full_grads,
@@ -40,9 +46,11 @@ from .chunked import (
     _Uncovered,
     _uncovered_chunks,
     gather,
+    kl_accumulator,
+    kl_grad,
 )
-from .mixture import HALF_LOG_2PI, PAPER_CLAMP
-from .onehot import _bin_bounds, bin_index, bin_table
+from .mixture import HALF_LOG_2PI
+from .onehot import _bin_bounds, bin_table
 
 __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
 
@@ -102,29 +110,71 @@ def _certify(theta, window_ids, mean_radius, owner, best, low, inv_width):
     return best[b], mean, (within * (owner[b] == window_ids).int()).to(torch.uint8)  # one window: 0 == 0
 
 
-def _moments_first(theta, gate_logits, mask, window_ids, mean_radius, owner, best, low, inv_width, tau):
-    """(θ^avg = λ̃ μ_{k*}, k*, certified) of every weight, as if every weight were certified."""
+def _moments_first(
+    theta, gate_logits, mask, window_ids, mean_radius, owner, best, low, inv_width, tau, k, kl_table, log_keep, log_drop
+):
+    """(θ^avg = λ̃ μ_{k*}, k*, certified, gate KL or None) of every weight, as if every weight were certified;
+    the gate KL (:func:`_kl_sum`) when ``kl_table`` (flat component KLs) is given."""
     kstar, mean, certified = _certify(theta, window_ids, mean_radius, owner, best, low, inv_width)
-    return _gate_probs(gate_logits, mask, tau)[2] * mean, kstar, certified
+    kl = (
+        None
+        if kl_table is None
+        else _kl_sum(gate_logits, mask, _flat(window_ids, kstar, k), kl_table, tau, log_keep, log_drop)
+    )
+    return _gate_probs(gate_logits, mask, tau)[2] * mean, kstar, certified, kl
 
 
 def _moments_second(
-    theta, gate_logits, mask, window_ids, mean_radius, owner, best, low, inv_width, tau, log_stds, k, spike_var
+    theta,
+    gate_logits,
+    mask,
+    window_ids,
+    mean_radius,
+    owner,
+    best,
+    low,
+    inv_width,
+    tau,
+    k,
+    kl_table,
+    log_keep,
+    log_drop,
+    log_stds,
+    spike_var,
 ):
-    """(θ^avg, Var_q = λ̃ (μ² + σ²) − (λ̃ μ)² + (1 − λ̃) σ_0², k*, certified) at k* (flat ``log_stds``)."""
+    """(θ^avg, Var_q = λ̃ (μ² + σ²) − (λ̃ μ)² + (1 − λ̃) σ_0², k*, certified, gate KL or None) at k*
+    (flat ``log_stds``), as :func:`_moments_first`."""
     kstar, m, certified = _certify(theta, window_ids, mean_radius, owner, best, low, inv_width)
     lam = _gate_probs(gate_logits, mask, tau)[2]
-    s = m * m + torch.exp(2 * log_stds[_flat(window_ids, kstar, k)])
-    return lam * m, (lam * s - (lam * m) ** 2 + (1 - lam) * spike_var).clamp_min(0), kstar, certified
+    flat = _flat(window_ids, kstar, k)
+    s = m * m + torch.exp(2 * log_stds[flat])
+    kl = None if kl_table is None else _kl_sum(gate_logits, mask, flat, kl_table, tau, log_keep, log_drop)
+    return lam * m, (lam * s - (lam * m) ** 2 + (1 - lam) * spike_var).clamp_min(0), kstar, certified, kl
 
 
 def _one_hot_backward(
-    gate_logits, mask, window_ids, kstar, certified, means, log_stds, grad_mean, grad_var, tau, k, spike_var
+    gate_logits,
+    mask,
+    window_ids,
+    kstar,
+    certified,
+    means,
+    log_stds,
+    grad_mean,
+    grad_var,
+    tau,
+    k,
+    spike_var,
+    kl_table,
+    prior_logit,
+    grad_kl,
 ):
-    """(flat index w·K + k*, ∂/∂μ_{k*} (float64), ∂/∂log σ_{k*} (float64) or None, ∂/∂s̃) of one chunk,
-    as chunked._one_hot_grads and the ∂/∂s̃ of _PosteriorMoments.backward compute them; ∂/∂s̃ of weights
-    that are not certified is overwritten by the caller. ``grad_var`` None: the plug-in (no Var)."""
-    _, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
+    """(flat index w·K + k*, ∂/∂μ_{k*} (float64), ∂/∂log σ_{k*} (float64) or None, λ̃ (float64) or None, ∂/∂s̃)
+    of one chunk, as chunked._one_hot_grads and the ∂/∂s̃ of _PosteriorMoments.backward compute them; the
+    moments' part of ∂/∂s̃ of weights that are not certified is left out (the caller adds it).
+    ``grad_var`` None: the plug-in (no Var). ``kl_table`` (flat component KLs): the gate KL's gradients with
+    incoming ``grad_kl`` are included, as _gate_kl_backward's; ``prior_logit`` None: no Bernoulli term."""
+    scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
     flat = _flat(window_ids, kstar, k)
     m = means[flat]
     on = torch.where(certified, lam, 0.0)
@@ -137,16 +187,26 @@ def _one_hot_backward(
         dm = dm + 2 * gv * m * (1 - lam)
         d_log_std = (2 * gv * var).double()
         dlam = dlam + grad_var * (m * m + var - 2 * lam * m * m - spike_var)
-    return flat, dm.double(), d_log_std, dlam * lam * (1 - lam_raw) / tau
+    dlam = torch.where(certified, dlam, 0.0)
+    lam64 = None
+    if kl_table is not None:
+        dlam = dlam + grad_kl * _dkl_dlam(scaled, kl_table[flat], prior_logit)
+        lam64 = lam.double()
+    return flat, dm.double(), d_log_std, lam64, dlam * lam * (1 - lam_raw) / tau
 
 
 def _gate_kl_sum(gate_logits, mask, window_ids, kstar, component_kl, tau, k, log_keep, log_drop):
-    """Σ_i λ̃_i KL_{w_i,k*_i} + Σ_i KL(Bern(λ̃_i)‖Bern(λ)) in float64 (``log_keep`` None: no Bernoulli term);
+    """:func:`_kl_sum` at the components w·K + k*."""
+    return _kl_sum(gate_logits, mask, _flat(window_ids, kstar, k), component_kl, tau, log_keep, log_drop)
+
+
+def _kl_sum(gate_logits, mask, flat, component_kl, tau, log_keep, log_drop):
+    """Σ_i λ̃_i KL_{flat_i} + Σ_i KL(Bern(λ̃_i)‖Bern(λ)) in float64 (``log_keep`` None: no Bernoulli term);
     KL(Bern) as mixture.bernoulli_kl with log λ, log(1 − λ) given; a masked gate's term is −log(1 − λ)."""
     scaled = gate_logits / tau
     e = torch.exp(-scaled.abs())  # softplus(±ℓ) = relu(±ℓ) + log1p(e^{-|ℓ|}), sigmoid(ℓ) from the same e
     q = torch.where(scaled >= 0, 1.0, e) / (1 + e)
-    total = (torch.where(mask, q, 0.0) * component_kl[_flat(window_ids, kstar, k)]).sum(dtype=torch.float64)
+    total = (torch.where(mask, q, 0.0) * component_kl[flat]).sum(dtype=torch.float64)
     if log_keep is None:
         return total
     soft = torch.log1p(e)
@@ -160,52 +220,12 @@ def _gate_kl_backward(gate_logits, mask, window_ids, kstar, component_kl, tau, k
     None: no Bernoulli term)."""
     scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
     flat = _flat(window_ids, kstar, k)
-    dkl_dlam = component_kl[flat] if prior_logit is None else component_kl[flat] + (scaled - prior_logit)
-    return flat, lam.double(), dkl_dlam * lam * (1 - lam_raw) * (grad / tau)
+    return flat, lam.double(), _dkl_dlam(scaled, component_kl[flat], prior_logit) * lam * (1 - lam_raw) * (grad / tau)
 
 
-def _log_density_columns(th, mu, log_std, log_mix):
-    """q_ki = log π_k + log N(θ_i | μ_k, σ_k²) on gathered (K, n) columns: mixture.component_log_density
-    transposed, so that the reductions over k are vectorised along the weights."""
-    z = (th - mu) * torch.exp(-log_std)
-    return log_mix - log_std - HALF_LOG_2PI - 0.5 * z * z
-
-
-def _full_columns(th, mu, log_std, log_mix, temperature, kind, second):
-    """(m = Σ_k φ_k μ_k, s = Σ_k φ_k (μ_k² + σ_k²) or None, argmax_k φ_k) of n weights on gathered
-    (K, n) columns, φ of eq. compute-phi-k (mixture.log_responsibilities): chunked._full_moments."""
-    q = _log_density_columns(th, mu, log_std, log_mix)
-    if kind == "paper":
-        q = torch.softmax(torch.exp(q.clamp(max=PAPER_CLAMP)), dim=0)  # φ', as mixture._paper_first_stage
-    log_phi = F.log_softmax(q / temperature, dim=0)
-    phi = log_phi.exp()
-    s = (phi * (mu * mu + torch.exp(2 * log_std))).sum(0) if second else None
-    return (phi * mu).sum(0), s, log_phi.argmax(0)
-
-
-def _nearby_columns(th, mu, inv_std, const, total_mu, total_sq, lumped_count, temperature):
-    """chunked._nearby_moments on gathered (NEARBY, n) columns (``inv_std`` = 1/σ_c, ``const`` = log π_c − log σ_c
-    − ½ log 2π): φ_c of the nearby components and one φ_l shared by the L = ``lumped_count`` lumped ones;
-    ``total_mu``, ``total_sq``: Σ_k μ_k, Σ_k (μ_k² + σ_k²) of each weight's window (``total_sq`` None: no s).
-    Each stage's exponentials are taken once and normalised by their sum (the log-sum-exps of the eager code
-    take them again), and 1/σ comes gathered: 26 exponentials per weight instead of about 55. Returns
-    (m, s or None, argmax_c φ_c)."""
-    z = (th - mu) * inv_std
-    a = torch.exp((const - 0.5 * z * z).clamp(max=PAPER_CLAMP))  # π N: the first stage's inputs
-    top = torch.clamp(a.amax(0), min=0.0)  # the lumped components have a = 0
-    e, e_l = torch.exp(a - top), torch.exp(-top)
-    scale = 1.0 / ((e.sum(0) + e_l * lumped_count) * temperature)
-    stage2, stage2_l = e * scale, e_l * scale  # φ'/τ
-    top2 = torch.maximum(stage2.amax(0), stage2_l)
-    f, f_l = torch.exp(stage2 - top2), torch.exp(stage2_l - top2)
-    norm = 1.0 / (f.sum(0) + f_l * lumped_count)
-    phi_c, phi_l = f * norm, f_l * norm
-    m = (phi_c * mu).sum(0) + phi_l * (total_mu - mu.sum(0))
-    s = None
-    if total_sq is not None:
-        level_sq = mu * mu + 1.0 / (inv_std * inv_std)
-        s = (phi_c * level_sq).sum(0) + phi_l * (total_sq - level_sq.sum(0))
-    return m, s, phi_c.argmax(0)
+def _dkl_dlam(scaled, kl_at, prior_logit):
+    """∂/∂λ̃ of one gate's KL terms: KL_{w,k*} + (ℓ − logit λ) (``prior_logit`` None: no Bernoulli term)."""
+    return kl_at if prior_logit is None else kl_at + (scaled - prior_logit)
 
 
 KERNELS = {
@@ -219,116 +239,184 @@ KERNELS = {
         _gate_kl_backward,
         _full_columns,
         _nearby_columns,
+        _nearby_forward,
     )
 }
 
 
-def _uncovered_moments(th, wid, near, table, means, log_stds, log_mix, spec, second):
-    """chunked._uncovered_moments with the (K, n) or (NEARBY, n) evaluation compiled; the gathers stay
-    eager, so the gradients reach the (W, K) parameters through their deterministic eager backward."""
+def _uncovered_moments(th, wid, bins, table, means, log_stds, log_mix, spec, second):
+    """chunked._uncovered_moments with the (K, n) or (NEARBY, n) evaluation compiled (the recomputation in
+    backward); the gathers stay eager, so the gradients reach the (W, K) parameters through their
+    deterministic eager backward."""
     k = means.shape[1]
     temperature = _scalar(spec.temperature)
-    if not near:
+    if bins is None:
         columns = [p.t().index_select(1, wid) for p in (means, log_stds, log_mix)]  # (K, n)
         m, s, best = KERNELS["_full_columns"](th, *columns, temperature, spec.kind, second)
         return m, s, best.to(torch.uint8)
-    bins = bin_index(th.detach(), table)
     nearby = torch.stack([column.index_select(0, bins) for column in table.nearby.unbind(1)])  # (NEARBY, n) flat
-    tables = (means, torch.exp(-log_stds), log_mix - log_stds - HALF_LOG_2PI)  # μ, 1/σ, log π − log σ − ½ log 2π
-    columns = [gather(p.reshape(-1), nearby) for p in tables]
-    total_sq = gather((means * means + torch.exp(2 * log_stds)).sum(-1), wid) if second else None
+    columns = [gather(p.reshape(-1), nearby) for p in _nearby_tables(means, log_stds, log_mix)]
+    total_sq = gather(_level_sq_totals(means, log_stds), wid) if second else None
     lumped = _scalar(float(k - nearby.shape[0]))
     m, s, pos = KERNELS["_nearby_columns"](th, *columns, gather(means.sum(-1), wid), total_sq, lumped, temperature)
     best = nearby.gather(0, pos[None]).squeeze(0)
     return m, s, (best - wid * k).to(torch.uint8)
 
 
-def _certified_moments(theta, gate_logits, mask, window_ids, log_stds, table, spec, second):
-    """(θ^avg, Var or empty, k*, certified) of every weight as if its φ were one-hot at the certificate's
-    k* (right for the certified weights; the caller overwrites the others)."""
+def _nearby_tables(means, log_stds, log_mix):
+    """μ, 1/σ and log π − log σ − ½ log 2π per component, (W, K) each: what the nearby evaluation gathers."""
+    return means, torch.exp(-log_stds), log_mix - log_stds - HALF_LOG_2PI
+
+
+def _level_sq_totals(means, log_stds):
+    """Σ_k (μ_k² + σ_k²) per window, (W,)."""
+    return (means * means + torch.exp(2 * log_stds)).sum(-1)
+
+
+def _nearby_block(u, bins, inputs, table, log_mix, spec, second, kl_table):
+    """:func:`_nearby_forward` for one block: (θ^avg, Var or None, k*, KL correction or None)."""
+    theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
+    k = means.shape[1]
+    tables = [t.detach().reshape(-1) for t in _nearby_tables(means, log_stds, log_mix)]
+    totals = (means.detach().sum(-1), _level_sq_totals(means, log_stds).detach() if second else None)
+    lumped = float(k - table.nearby.shape[1])
+    scalars = (
+        _scalar(lumped),
+        _scalar(spec.temperature),
+        _scalar(spec.gate_temperature),
+        k,
+        _scalar(spec.spike_variance),
+    )
+    args = (theta, gate_logits, mask, window_ids, kstar, table.nearby, tables, totals, scalars, kl_table)
+    return KERNELS["_nearby_forward"](u, bins, *args)
+
+
+def _certified_moments(theta, gate_logits, mask, window_ids, log_stds, table, spec, second, component_kl):
+    """(θ^avg, Var or empty, k*, certified, gate KL or None) of every weight as if its φ were one-hot at the
+    certificate's k* (right for the certified weights; the caller corrects the others)."""
     bins = (table.mean_radius, table.owner, table.best, _scalar(table.low), _scalar(table.inv_width))
-    tau = _scalar(spec.gate_temperature)
+    kl = (None, None, None) if component_kl is None else (component_kl.reshape(-1), *_prior_logs(spec.prior_keep))
+    args = (*bins, _scalar(spec.gate_temperature), log_stds.shape[1], *kl)
     if second:
-        args = (*bins, tau, log_stds.detach().reshape(-1), log_stds.shape[1], _scalar(spec.spike_variance))
-        mean, var, kstar, certified = KERNELS["_moments_second"](theta, gate_logits, mask, window_ids, *args)
+        args = (*args, log_stds.detach().reshape(-1), _scalar(spec.spike_variance))
+        mean, var, kstar, certified, total = KERNELS["_moments_second"](theta, gate_logits, mask, window_ids, *args)
     else:
-        mean, kstar, certified = KERNELS["_moments_first"](theta, gate_logits, mask, window_ids, *bins, tau)
+        mean, kstar, certified, total = KERNELS["_moments_first"](theta, gate_logits, mask, window_ids, *args)
         var = theta.new_zeros(0)
-    return mean, var, kstar, certified.view(torch.bool)  # 0/1 bytes
+    return mean, var, kstar, certified.view(torch.bool), total  # certified: 0/1 bytes
 
 
-def _one_hot_gradients(param_grads, gate_logits, mask, window_ids, kstar, certified, means, log_stds, gm, gv, spec):
-    """Accumulate the certified weights' gradients into ``param_grads`` (float64, as chunked does) and
-    return ∂/∂s̃ of every weight as if it were certified, chunk by chunk (float64 temporaries stay small)."""
+def _prior_logs(prior_keep):
+    """(log λ, log(1 − λ)) as kernel inputs, or (None, None) without a Bernoulli term (Gaussian prior)."""
+    return (None, None) if prior_keep is None else (_scalar(math.log(prior_keep)), _scalar(math.log1p(-prior_keep)))
+
+
+def _prior_logit(prior_keep):
+    """logit λ as a kernel input, or None without a Bernoulli term."""
+    return None if prior_keep is None else _scalar(math.log(prior_keep) - math.log1p(-prior_keep))
+
+
+def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar, certified, means, log_stds, *rest):
+    """Accumulate the certified weights' gradients into ``param_grads`` (float64, as chunked does) and, with
+    ``g_comp``, every weight's λ̃ into it (the gate KL's); return ∂/∂s̃ of every weight, without the moments'
+    part for the uncovered ones, chunk by chunk (float64 temporaries stay small)."""
+    component_kl, gm, gv, grad_kl, spec = rest
     g_gate = torch.empty_like(gate_logits)
     consts = (means.detach().reshape(-1), log_stds.detach().reshape(-1))
     scalars = (_scalar(spec.gate_temperature), means.shape[1], _scalar(spec.spike_variance))
+    kl = (None, None, None)
+    if g_comp is not None:
+        kl = (component_kl.detach().reshape(-1), _prior_logit(spec.prior_keep), grad_kl.detach())
     for a, b in _chunk_ranges(gate_logits.numel(), 1):
         chunk = (gate_logits[a:b], mask[a:b], window_ids[a:b], kstar[a:b], certified[a:b], *consts, gm[a:b])
-        flat, d_mean, d_log_std, g_gate[a:b] = KERNELS["_one_hot_backward"](
-            *chunk, (gv[a:b] if gv is not None else None), *scalars
+        flat, d_mean, d_log_std, lam, g_gate[a:b] = KERNELS["_one_hot_backward"](
+            *chunk, (gv[a:b] if gv is not None else None), *scalars, *kl
         )
         param_grads[0].index_add_(0, flat, d_mean)
         if d_log_std is not None:
             param_grads[1].index_add_(0, flat, d_log_std)
+        if lam is not None:
+            g_comp.index_add_(0, flat, lam)
     return g_gate
 
 
+def _full_block(u, inputs, log_mix, spec, second, kl_table):
+    """θ^avg, Var or None, k* and the gate-KL correction (or None) of uncovered weights ``u`` on all K."""
+    theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
+    wid = window_ids[u].long()
+    m, s, levels = _uncovered_moments(theta[u], wid, None, None, means, log_stds, log_mix, spec, second)
+    lam = _gate_probs(gate_logits[u], mask[u], spec.gate_temperature)[2]
+    var = None if s is None else (lam * s - (lam * m) ** 2 + (1 - lam) * spec.spike_variance).clamp_min(0)
+    correction = None
+    if kl_table is not None:  # as in _nearby_forward
+        k = means.shape[1]
+        diff = kl_table.index_select(0, wid * k + levels.long()) - kl_table.index_select(0, wid * k + kstar[u].long())
+        correction = (lam * diff).sum(dtype=torch.float64)
+    return lam * m, var, levels, correction
+
+
 class FusedPosteriorMoments(torch.autograd.Function):
-    """chunked._PosteriorMoments with the per-weight passes fused: the same (θ^avg, Var or empty, k*).
+    """chunked._PosteriorMoments with the per-weight passes fused: the same (θ^avg, Var or empty, k*, gate KL).
     The uncovered weights' indices are kept from forward to backward (8 bytes each) rather than found again."""
 
     @staticmethod
-    def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second, ranges):
+    def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, *settings):
+        spec, second, ranges = settings
         log_mix = F.log_softmax(mixing_logits, dim=-1)
         args = (theta, window_ids, means, log_stds, log_mix, spec.kind, spec.temperature, ranges)
         table = bin_table(*args, bounds=KERNELS["_bin_bounds"])
-        mean, var, kstar, certified = _certified_moments(
-            theta, gate_logits, mask, window_ids, log_stds, table, spec, second
+        mean, var, kstar, certified, kl = _certified_moments(
+            theta, gate_logits, mask, window_ids, log_stds, table, spec, second, component_kl
         )
-        blocks = [
-            (u, near) for u, near in _uncovered_chunks(theta, window_ids, certified, table, means.shape[1]) if u.numel()
-        ]
-        for u, near in blocks:
-            wid = window_ids[u].long()
-            m, s, kstar[u] = _uncovered_moments(theta[u], wid, near, table, means, log_stds, log_mix, spec, second)
-            lam = _gate_probs(gate_logits[u], mask[u], spec.gate_temperature)[2]
-            mean[u] = lam * m
-            if s is not None:
-                var[u] = (lam * s - (lam * m) ** 2 + (1 - lam) * spec.spike_variance).clamp_min(0)
-        ctx.save_for_backward(theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, kstar, certified)
+        blocks = [b for b in _uncovered_chunks(theta, window_ids, certified, table, means.shape[1]) if b[0].numel()]
+        inputs = (theta, gate_logits, means, log_stds, mask, window_ids, kstar)
+        kl_table = None if component_kl is None else component_kl.detach().reshape(-1)
+        for u, bins in blocks:
+            if bins is not None:
+                mean_u, var_u, levels, correction = _nearby_block(
+                    u, bins, inputs, table, log_mix, spec, second, kl_table
+                )
+            else:
+                mean_u, var_u, levels, correction = _full_block(u, inputs, log_mix, spec, second, kl_table)
+            if correction is not None:
+                kl = kl + correction
+            kstar[u], mean[u] = levels, mean_u
+            if var_u is not None:
+                var[u] = var_u
+        saved = (theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified)
+        ctx.save_for_backward(*saved)
         ctx.spec, ctx.second, ctx.table, ctx.blocks = spec, second, table, blocks
         ctx.mark_non_differentiable(kstar)
-        return mean, var, kstar
+        return mean, var, kstar, (theta.new_zeros(()) if kl is None else kl.to(theta.dtype))
 
     @staticmethod
-    def backward(ctx, grad_mean, grad_var, _grad_kstar):
-        theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, kstar, certified = ctx.saved_tensors
-        spec, gv = ctx.spec, (grad_var if ctx.second else None)
+    def backward(ctx, grad_mean, grad_var, _grad_kstar, grad_kl):
+        theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified = (
+            ctx.saved_tensors
+        )
+        spec, gv, g_comp = ctx.spec, (grad_var if ctx.second else None), kl_accumulator(component_kl, grad_kl)
         leaves = [p.detach().requires_grad_() for p in (means, log_stds, mixing_logits)]
         param_grads = [torch.zeros(p.numel(), dtype=torch.float64, device=p.device) for p in leaves]
         g_theta = torch.zeros_like(theta) if ctx.needs_input_grad[0] else None
-        one_hot = (gate_logits, mask, window_ids, kstar, certified, means, log_stds, grad_mean, gv, spec)
-        g_gate = _one_hot_gradients(param_grads, *one_hot)
-        for u, near in ctx.blocks:  # the uncovered weights: recomputed with a graph, as in chunked
+        one_hot = (gate_logits, mask, window_ids, kstar, certified, means, log_stds, component_kl, grad_mean, gv)
+        g_gate = _one_hot_gradients(param_grads, g_comp, *one_hot, grad_kl, spec)
+        for u, bins in ctx.blocks:  # the uncovered weights: recomputed with a graph, as in chunked
             _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], spec.gate_temperature)
-            block, gm = _Uncovered(0, u, window_ids[u].long(), near, ctx.table), grad_mean[u]
+            block, gm = _Uncovered(0, u, window_ids[u].long(), bins, ctx.table), grad_mean[u]
             m, s = _full_grads(param_grads, g_theta, block, leaves, theta, spec, gm, gv, lam, _uncovered_moments)
             dlam = gm * m if gv is None else gm * m + gv[u] * (s - 2 * lam * m * m - spec.spike_variance)
-            g_gate[u] = dlam * lam * (1 - lam_raw) / spec.gate_temperature
+            g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / spec.gate_temperature)
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
-        return g_theta, g_gate, *grads, None, None, None, None, None
+        return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
 
 
 def gate_kl_total(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep):
     """chunked._gate_kl_total as one kernel over all T weights (float64 sum)."""
-    logs = (None, None) if prior_keep is None else (_scalar(math.log(prior_keep)), _scalar(math.log1p(-prior_keep)))
-    args = (component_kl.reshape(-1), _scalar(gate_temperature), component_kl.shape[1], *logs)
+    args = (component_kl.reshape(-1), _scalar(gate_temperature), component_kl.shape[1], *_prior_logs(prior_keep))
     return KERNELS["_gate_kl_sum"](gate_logits, mask, window_ids, kstar, *args)
 
 
 def gate_kl_chunk_grads(gate_logits, component_kl, mask, window_ids, kstar, tau, prior_keep, grad):
     """chunked._gate_kl_chunk_grads as one kernel."""
-    prior_logit = None if prior_keep is None else _scalar(math.log(prior_keep) - math.log1p(-prior_keep))
-    args = (component_kl.reshape(-1), _scalar(tau), component_kl.shape[1], prior_logit, grad)
+    args = (component_kl.reshape(-1), _scalar(tau), component_kl.shape[1], _prior_logit(prior_keep), grad)
     return KERNELS["_gate_kl_backward"](gate_logits, mask, window_ids, kstar, *args)

@@ -24,7 +24,6 @@ from .onehot import NEARBY, BinTable, bin_index, bin_table, certify_one_hot, own
 __all__ = [
     "PosteriorSpec",
     "certified_levels",
-    "gate_kl",
     "posterior_moments",
     "responsibility_blocks",
     "uncertain_log_responsibilities",
@@ -42,6 +41,7 @@ class PosteriorSpec:
     gate_temperature: float
     spike_variance: float = 0.0  # σ_0² for the Gaussian-"spike" ablation family, else 0
     compiled: bool = False  # the per-weight passes as torch.compile'd kernels (sqs_core._fused)
+    prior_keep: float | None = None  # λ of the spike-and-slab prior; None: no Bernoulli KL (Gaussian prior)
 
 
 def _chunk_ranges(numel: int, num_components: int) -> Iterator[tuple[int, int]]:
@@ -94,11 +94,16 @@ class _PosteriorMoments(torch.autograd.Function):
     gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest are evaluated on their bin's
     NEARBY components plus one lumped term where the paper's formula allows it exactly, else on all K;
     both recomputed in backward. Windows are handled by gathering each weight's row of (W, K) parameters.
+    With ``component_kl`` the gate KL (eq. approx_elbo) at these k* is summed in the same chunk loop and
+    its gradients, ∂/∂s̃ and Σ λ̃ per component, are added in the same backward loop: one autograd node
+    and one T-sized ∂/∂s̃ instead of two.
     """
 
     @staticmethod
-    def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second, ranges):
+    def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, *settings):
+        spec, second, ranges = settings
         keep = _gate_probs(gate_logits, mask, spec.gate_temperature)[2]
+        kl = torch.zeros((), dtype=torch.float64, device=theta.device)
         mean = torch.empty_like(theta)
         var = torch.empty_like(theta) if second else theta.new_zeros(0)
         kstar = torch.empty(theta.shape, dtype=torch.uint8, device=theta.device)
@@ -110,26 +115,32 @@ class _PosteriorMoments(torch.autograd.Function):
             th, wid = theta[a:b], window_ids[a:b]
             ks, m, cert = certify_one_hot(th, wid, table)
             s = _level_second_moment(m, _flat_index(wid, ks, means.shape[0], k), log_stds) if second else None
-            for u, near in _uncovered_chunks(th, wid, cert, table, k):
-                moments = _uncovered_moments(th[u], wid[u].long(), near, table, means, log_stds, log_mix, spec, second)
+            for u, bins in _uncovered_chunks(th, wid, cert, table, k):
+                moments = _uncovered_moments(th[u], wid[u].long(), bins, table, means, log_stds, log_mix, spec, second)
                 m[u], s_u, ks[u] = moments
                 if s is not None:
                     s[u] = s_u
+            if component_kl is not None:
+                chunk = (gate_logits[a:b], component_kl, mask[a:b], wid, ks)
+                kl += _gate_kl_chunk_sum(*chunk, spec.gate_temperature, spec.prior_keep)
             lam = keep[a:b]
             mean[a:b] = lam * m
             kstar[a:b] = ks
             certified[a:b] = cert
             if s is not None:
                 var[a:b] = (lam * s - (lam * m) ** 2 + (1 - lam) * spec.spike_variance).clamp_min(0)
-        ctx.save_for_backward(theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, kstar, certified)
+        saved = (theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified)
+        ctx.save_for_backward(*saved)
         ctx.spec, ctx.second, ctx.table = spec, second, table
         ctx.mark_non_differentiable(kstar)
-        return mean, var, kstar
+        return mean, var, kstar, kl.to(theta.dtype)
 
     @staticmethod
-    def backward(ctx, grad_mean, grad_var, _grad_kstar):
-        theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, kstar, certified = ctx.saved_tensors
-        spec, second = ctx.spec, ctx.second
+    def backward(ctx, grad_mean, grad_var, _grad_kstar, grad_kl):
+        theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified = (
+            ctx.saved_tensors
+        )
+        spec, second, g_comp = ctx.spec, ctx.second, kl_accumulator(component_kl, grad_kl)
         leaves = [p.detach().requires_grad_() for p in (means, log_stds, mixing_logits)]
         # float64 accumulators: millions of per-weight terms are summed into W·K entries
         param_grads = [torch.zeros(p.numel(), dtype=torch.float64) for p in leaves]
@@ -143,15 +154,20 @@ class _PosteriorMoments(torch.autograd.Function):
             flat, cert = _flat_index(wid, kstar[a:b], num_windows, k), certified[a:b]
             m, s = _one_hot_moments(flat, means, log_stds, second)
             _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds)
-            for u, near in _uncovered_chunks(theta[a:b], wid, cert, ctx.table, k):
-                block = _Uncovered(a, u, wid[u].long(), near, ctx.table)
+            for u, bins in _uncovered_chunks(theta[a:b], wid, cert, ctx.table, k):
+                block = _Uncovered(a, u, wid[u].long(), bins, ctx.table)
                 m[u], s_u = _full_grads(param_grads, g_theta, block, leaves, theta, spec, gm[u], gv, lam[u])
                 if s is not None:
                     s[u] = s_u
             dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
             g_gate[a:b] = dlam * lam * (1 - lam_raw) / spec.gate_temperature  # λ̃(1 − λ̃)/τ', 0 where masked
+            if g_comp is not None:
+                chunk = (gate_logits[a:b], component_kl, mask[a:b], wid, kstar[a:b], spec.gate_temperature)
+                index, lam64, g_kl = _gate_kl_chunk_grads(*chunk, spec.prior_keep, grad_kl)
+                g_gate[a:b] += g_kl
+                g_comp.index_add_(0, index, lam64)
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
-        return g_theta, g_gate, *grads, None, None, None, None, None
+        return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
 
 
 def _gate_probs(gate_logits: torch.Tensor, mask: torch.Tensor, gate_temperature: float):
@@ -179,30 +195,34 @@ class _Uncovered:
     a: int
     u: torch.Tensor
     wid: torch.Tensor  # int64 window of each
-    near: bool  # evaluated on the bin's NEARBY components (the rest lumped), else on all K
+    bins: torch.Tensor | None  # the bins of weights evaluated on their bin's NEARBY components; None: all K
     table: BinTable
 
 
-def _uncovered_chunks(th, wid, certified, table: BinTable, k: int) -> Iterator[tuple[torch.Tensor, bool]]:
-    """(local indices, nearby?) of the weights that were not certified: those in a lumpable bin of their
-    own window take the NEARBY-component path (CHUNK_ELEMENTS // NEARBY at a time), the rest all K."""
+def _uncovered_chunks(
+    th, wid, certified, table: BinTable, k: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(local indices, their bins or None) of the weights that were not certified: those in a lumpable bin
+    of their own window take the NEARBY-component path (CHUNK_ELEMENTS // NEARBY at a time; their bins
+    come along), the rest all K (None)."""
     uncovered = (~certified).nonzero().squeeze(1)
     if uncovered.numel() and table.any_lumpable:
         b = bin_index(th[uncovered], table)
         near = table.lumpable.index_select(0, b) & owns_bin(table, b, wid[uncovered])
-        for chunk in torch.split(uncovered[near], max(1, CHUNK_ELEMENTS // NEARBY)):
-            yield chunk, True
+        step = max(1, CHUNK_ELEMENTS // NEARBY)
+        yield from zip(torch.split(uncovered[near], step), torch.split(b[near], step), strict=True)
         uncovered = uncovered[~near]
     for chunk in torch.split(uncovered, max(1, CHUNK_ELEMENTS // k)):
-        yield chunk, False
+        yield chunk, None
 
 
-def _uncovered_moments(th, wid, near, table, means, log_stds, log_mix, spec, second):
-    """(m, s or None, k* uint8) of uncovered weights, on all K components or on the bin's nearby ones."""
-    if not near:
+def _uncovered_moments(th, wid, bins, table, means, log_stds, log_mix, spec, second):
+    """(m, s or None, k* uint8) of uncovered weights, on all K components (``bins`` None) or on their
+    bins' nearby ones."""
+    if bins is None:
         m, s, log_phi = _full_moments(th, wid, means, log_stds, log_mix, spec, second)
         return m, s, log_phi.argmax(-1).to(torch.uint8)
-    nearby = table.nearby.index_select(0, bin_index(th.detach(), table))  # (n, NEARBY) flat indices
+    nearby = table.nearby.index_select(0, bins)  # (n, NEARBY) flat indices
     return _nearby_moments(th, wid, nearby, means, log_stds, log_mix, spec, second)
 
 
@@ -285,7 +305,7 @@ def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, theta, spec, gm
     with torch.enable_grad():
         log_mix = F.log_softmax(mixing_logits, dim=-1)
         second = gv is not None
-        m, s, _ = moments(th_leaf, block.wid, block.near, block.table, means, log_stds, log_mix, spec, second)
+        m, s, _ = moments(th_leaf, block.wid, block.bins, block.table, means, log_stds, log_mix, spec, second)
     outputs, grads_out = [m], [gm * lam]
     if gv is not None:
         gv = gv[u]
@@ -303,72 +323,58 @@ def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, theta, spec, gm
 
 
 def posterior_moments(
-    theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second, window_ranges=None
+    theta,
+    gate_logits,
+    means,
+    log_stds,
+    mixing_logits,
+    mask,
+    window_ids,
+    spec,
+    second,
+    window_ranges=None,
+    component_kl=None,
 ):
-    """Differentiable (θ^avg, Var or empty, k*) for flat inputs; see :class:`_PosteriorMoments`.
-    ``window_ranges`` (W, 2): each window's smallest and largest θ, when the caller caches them."""
+    """Differentiable (θ^avg, Var or empty, k*, gate KL) for flat inputs; see :class:`_PosteriorMoments`.
+    ``window_ranges`` (W, 2): each window's smallest and largest θ, when the caller caches them.
+    ``component_kl`` (W, K), KL(N(μ_wk, σ_wk²)‖N(0, σ_0²)): the gate KL of eq. approx_elbo (see
+    :func:`sqs_core._gate_kl.gate_kl`, with ``spec.prior_keep``) is summed in the same passes over the
+    weights, at the k* this forward finds, and its gradients join the same backward; None: it is 0."""
     function: type[torch.autograd.Function] = _PosteriorMoments
     if spec.compiled:
         from ._fused import FusedPosteriorMoments  # torch.compile machinery only when asked for
 
         function = FusedPosteriorMoments
     return function.apply(
-        theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids, spec, second, window_ranges
+        theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, spec, second, window_ranges
     )
 
 
-class _GateKL(torch.autograd.Function):
-    """Σ_i KL(Bern(λ̃_i)‖Bern(λ)) + Σ_i λ̃_i KL_{w_i, k*_i}, with closed-form gradients (O(T) memory).
-
-    ``prior_keep`` None drops the Bernoulli term (the Gaussian-prior ablation, eq. Gaussian prior).
-    A gate forced to zero by the pruning schedule has λ̃ = 0: its term is the constant −log(1 − λ).
-    ``compiled``: the sum and each chunk's gradients by sqs_core._fused's kernels (the same values).
-    """
-
-    @staticmethod
-    def forward(ctx, gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep, compiled):
-        total_of, _ = _gate_kl_parts(compiled)
-        total = total_of(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep)
-        ctx.save_for_backward(gate_logits, component_kl, mask, window_ids, kstar)
-        ctx.gate_temperature, ctx.prior_keep, ctx.compiled = gate_temperature, prior_keep, compiled
-        return total.to(gate_logits.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        gate_logits, component_kl, mask, window_ids, kstar = ctx.saved_tensors
-        _, chunk_grads = _gate_kl_parts(ctx.compiled)
-        g_gate = torch.empty_like(gate_logits)
-        g_comp = torch.zeros(component_kl.numel(), dtype=torch.float64, device=gate_logits.device)
-        for a, b in _chunk_ranges(gate_logits.numel(), 1):
-            chunk = (gate_logits[a:b], component_kl, mask[a:b], window_ids[a:b], kstar[a:b])
-            index, lam, g_gate[a:b] = chunk_grads(*chunk, ctx.gate_temperature, ctx.prior_keep, grad)
-            g_comp.index_add_(0, index, lam)
-        g_comp = (grad * g_comp).to(component_kl.dtype).reshape(component_kl.shape)
-        return g_gate, g_comp, None, None, None, None, None, None
+def kl_accumulator(component_kl, grad_kl):
+    """The float64 Σ λ̃ per component that the gate KL's backward fills, or None when the KL is absent
+    or its incoming gradient is exactly 0 (unused, or β = 0): then it adds nothing."""
+    if component_kl is None or grad_kl is None or not bool(grad_kl != 0):
+        return None
+    return torch.zeros(component_kl.numel(), dtype=torch.float64, device=component_kl.device)
 
 
-def _gate_kl_parts(compiled: bool):
-    """(KL sum, one chunk's (flat index, λ̃ as float64, ∂KL/∂s̃)): eager here, or sqs_core._fused's kernels."""
-    if not compiled:
-        return _gate_kl_total, _gate_kl_chunk_grads
-    from ._fused import gate_kl_chunk_grads, gate_kl_total  # torch.compile machinery only when asked for
-
-    return gate_kl_total, gate_kl_chunk_grads
+def kl_grad(component_kl, g_comp, grad_kl):
+    """∂KL/∂KL_wk = Σ_{i: w_i = w, k*_i = k} λ̃_i, times the incoming gradient, in component_kl's shape."""
+    if g_comp is None:
+        return None
+    return (grad_kl * g_comp).to(component_kl.dtype).reshape(component_kl.shape)
 
 
-def _gate_kl_total(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep):
-    """The KL sum in float64, chunk by chunk."""
+def _gate_kl_chunk_sum(gate_logits, component_kl, mask, window_ids, kstar, tau, prior_keep):
+    """One chunk's Σ_i λ̃_i KL_{w_i,k*_i} + Σ_i KL(Bern(λ̃_i)‖Bern(λ)) in float64 (the Bernoulli term
+    unless ``prior_keep`` is None; a gate the schedule forced to zero has λ̃ = 0 and the constant
+    −log(1 − λ))."""
     w_count, k = component_kl.shape
-    flat_kl = component_kl.reshape(-1)
-    total = torch.zeros((), dtype=torch.float64, device=gate_logits.device)
-    for a, b in _chunk_ranges(gate_logits.numel(), 1):
-        on = mask[a:b]
-        scaled, _, lam = _gate_probs(gate_logits[a:b], on, gate_temperature)
-        ck = flat_kl.index_select(0, _flat_index(window_ids[a:b], kstar[a:b], w_count, k))
-        total += (lam * ck).sum(dtype=torch.float64)
-        if prior_keep is not None:
-            bern = torch.where(on, bernoulli_kl(scaled, prior_keep), -math.log1p(-prior_keep))
-            total += bern.sum(dtype=torch.float64)
+    scaled, _, lam = _gate_probs(gate_logits, mask, tau)
+    ck = component_kl.reshape(-1).index_select(0, _flat_index(window_ids, kstar, w_count, k))
+    total = (lam * ck).sum(dtype=torch.float64)
+    if prior_keep is not None:
+        total += torch.where(mask, bernoulli_kl(scaled, prior_keep), -math.log1p(-prior_keep)).sum(dtype=torch.float64)
     return total
 
 
@@ -382,8 +388,3 @@ def _gate_kl_chunk_grads(gate_logits, component_kl, mask, window_ids, kstar, tau
         (scaled - prior_logit) if prior_keep is not None else 0.0
     )
     return index, lam.double(), dkl_dlam * lam * (1 - lam_raw) * (grad / tau)
-
-
-def gate_kl(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep, *, compiled=False):
-    """Differentiable KL sum of one posterior; see :class:`_GateKL` (``compiled``: sqs_core._fused)."""
-    return _GateKL.apply(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep, compiled)

@@ -15,10 +15,10 @@ import math
 import torch
 from torch import nn
 
+from ._gate_kl import gate_kl
 from .chunked import (
     PosteriorSpec,
     certified_levels,
-    gate_kl,
     posterior_moments,
     responsibility_blocks,
     uncertain_log_responsibilities,
@@ -71,6 +71,7 @@ class SpikeGMMPosterior(nn.Module):
         self.register_buffer("gate_temperature", torch.tensor(float(config.gate_temperature)))
         self.config = config
         self._kstar: torch.Tensor | None = None
+        self._pending_kl: tuple[torch.Tensor, tuple] | None = None  # (KL of the last forward, _kl_key then)
         self._ranges_key: tuple | None = None
         self._ranges = torch.zeros(0)
 
@@ -92,6 +93,7 @@ class SpikeGMMPosterior(nn.Module):
             gate_temperature=float(self.gate_temperature),
             spike_variance=spike_var,
             compiled=self.config.compile_kernels,
+            prior_keep=prior.keep_prob if isinstance(prior, SpikeSlabPrior) else None,
         )
 
     def keep_probs(self) -> torch.Tensor:
@@ -121,8 +123,10 @@ class SpikeGMMPosterior(nn.Module):
     # -- the training forward ---------------------------------------------------------------------
     def moments(self, *, second: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """θ^avg = λ̃ Σ_k φ_k μ_k (θ's shape) and, with ``second``, Var_q(θ̃) for the moment-matched
-        likelihood. Memory-lean (chunked, recomputed in backward); caches k* for :meth:`kl`."""
-        mean, var, kstar = posterior_moments(
+        likelihood. Memory-lean (chunked, recomputed in backward); caches k* for :meth:`kl`. With gradients
+        on it also sums the gate KL in the same passes, for the next :meth:`kl` call."""
+        with_kl = torch.is_grad_enabled() and self.gate_logits.requires_grad
+        mean, var, kstar, kl = posterior_moments(
             self.weight.reshape(-1),
             self.gate_logits.reshape(-1),
             self.means,
@@ -133,8 +137,10 @@ class SpikeGMMPosterior(nn.Module):
             self.spec(),
             second,
             self._window_ranges(),
+            self.component_kl() if with_kl else None,
         )
         self._kstar = kstar
+        self._pending_kl = (kl, self._kl_key()) if with_kl else None
         shape = self.weight.shape
         return mean.reshape(shape), (var.reshape(shape) if second else None)
 
@@ -152,7 +158,18 @@ class SpikeGMMPosterior(nn.Module):
         return self.moments()[0]
 
     def kl(self) -> torch.Tensor:
-        """Σ_i KL(Bern(λ̃_i)‖Bern(λ)) + Σ_i λ̃_i KL(N(μ_k*, σ_k*²)‖N(0, σ_0²)) (eq. approx_elbo)."""
+        """Σ_i KL(Bern(λ̃_i)‖Bern(λ)) + Σ_i λ̃_i KL(N(μ_k*, σ_k*²)‖N(0, σ_0²)) (eq. approx_elbo).
+
+        The first call after a training forward returns the KL that forward summed (its gradients flow
+        through the same backward as θ^avg); a later call, or one after the parameters changed, computes it
+        again at the k* of the last forward. A call without gradients leaves the forward's KL in place."""
+        pending = self._pending_kl
+        if pending is not None and pending[1] == self._kl_key():
+            if not torch.is_grad_enabled():
+                return pending[0].detach()
+            self._pending_kl = None
+            return pending[0]
+        self._pending_kl = None
         kstar = self._kstar
         if kstar is None or kstar.numel() != self.weight.numel():
             kstar = self.greedy_levels().reshape(-1)
@@ -168,6 +185,11 @@ class SpikeGMMPosterior(nn.Module):
             keep,
             compiled=self.config.compile_kernels,
         )
+
+    def _kl_key(self) -> tuple:
+        """What the gate KL depends on besides k*: a forward's KL is current while this is unchanged."""
+        tensors = (self.gate_logits, self.means, self.log_stds, self.mask)
+        return (*((t.data_ptr(), t._version) for t in tensors), float(self.gate_temperature))
 
     # -- inference ----------------------------------------------------------------------------------
     @torch.no_grad()

@@ -1,0 +1,106 @@
+"""Kernel bodies for the weights the one-hot certificate does not cover (compiled by sqs_core._fused).
+
+Pure tensor functions, each compiled once by ``_fused.KERNELS``: the full (K, n) evaluation, the
+NEARBY-component evaluation on gathered (NEARBY, n) columns (the recomputation in backward, whose gradients
+reach the columns) and the forward of whole blocks of such weights, which gathers its inputs itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .chunked import _gate_probs
+from .mixture import HALF_LOG_2PI, PAPER_CLAMP
+
+__all__: list[str] = []  # kernel bodies: sqs_core._fused compiles and calls them
+
+
+def _log_density_columns(th, mu, log_std, log_mix):
+    """q_ki = log π_k + log N(θ_i | μ_k, σ_k²) on gathered (K, n) columns: mixture.component_log_density
+    transposed, so that the reductions over k are vectorised along the weights."""
+    z = (th - mu) * torch.exp(-log_std)
+    return log_mix - log_std - HALF_LOG_2PI - 0.5 * z * z
+
+
+def _full_columns(th, mu, log_std, log_mix, temperature, kind, second):
+    """(m = Σ_k φ_k μ_k, s = Σ_k φ_k (μ_k² + σ_k²) or None, argmax_k φ_k) of n weights on gathered
+    (K, n) columns, φ of eq. compute-phi-k (mixture.log_responsibilities): chunked._full_moments."""
+    q = _log_density_columns(th, mu, log_std, log_mix)
+    if kind == "paper":
+        q = torch.softmax(torch.exp(q.clamp(max=PAPER_CLAMP)), dim=0)  # φ', as mixture._paper_first_stage
+    log_phi = F.log_softmax(q / temperature, dim=0)
+    phi = log_phi.exp()
+    s = (phi * (mu * mu + torch.exp(2 * log_std))).sum(0) if second else None
+    return (phi * mu).sum(0), s, log_phi.argmax(0)
+
+
+def _nearby_columns(th, mu, inv_std, const, total_mu, total_sq, lumped_count, temperature):
+    """:func:`_nearby_rows` on gathered (NEARBY, n) columns (the recomputation in backward, whose gradients
+    reach the columns, hence the parameters through their eager gathers)."""
+    return _nearby_rows(
+        th, mu.unbind(0), inv_std.unbind(0), const.unbind(0), total_mu, total_sq, lumped_count, temperature
+    )
+
+
+def _nearby_rows(th, mu, inv_std, const, total_mu, total_sq, lumped_count, temperature):
+    """chunked._nearby_moments on NEARBY rows (n,) each of μ_c, 1/σ_c and ``const`` = log π_c − log σ_c − ½ log 2π:
+    φ_c of the nearby components and one φ_l shared by the L = ``lumped_count`` lumped ones; ``total_mu``,
+    ``total_sq``: Σ_k μ_k, Σ_k (μ_k² + σ_k²) of each weight's window (``total_sq`` None: no s). Each stage's
+    exponentials are taken once and normalised by their sum (26 per weight; the log-sum-exps of the eager code
+    take them again), and the loop over c is unrolled, so that inductor emits one loop over the weights with
+    no reduction in it. Returns (m, s or None, argmax_c φ_c)."""
+    a = [
+        torch.exp((c - 0.5 * ((th - m) * i) ** 2).clamp(max=PAPER_CLAMP))
+        for m, i, c in zip(mu, inv_std, const, strict=True)
+    ]
+    top = _fold(torch.maximum, a).clamp(min=0.0)  # π N, the first stage's inputs; the lumped ones have 0
+    e, e_l = [torch.exp(x - top) for x in a], torch.exp(-top)
+    scale = 1.0 / ((_fold(torch.add, e) + e_l * lumped_count) * temperature)
+    stage2, stage2_l = [x * scale for x in e], e_l * scale  # φ'/τ
+    top2 = torch.maximum(_fold(torch.maximum, stage2), stage2_l)
+    f, f_l = [torch.exp(x - top2) for x in stage2], torch.exp(stage2_l - top2)
+    norm = 1.0 / (_fold(torch.add, f) + f_l * lumped_count)
+    phi, phi_l = [x * norm for x in f], f_l * norm
+    m = _fold(torch.add, [p * x for p, x in zip(phi, mu, strict=True)]) + phi_l * (total_mu - _fold(torch.add, mu))
+    s = None
+    if total_sq is not None:
+        level_sq = [x * x + 1.0 / (i * i) for x, i in zip(mu, inv_std, strict=True)]
+        s = _fold(torch.add, [p * x for p, x in zip(phi, level_sq, strict=True)]) + phi_l * (
+            total_sq - _fold(torch.add, level_sq)
+        )
+    best, top_phi = torch.zeros_like(th, dtype=torch.int64), phi[0]
+    for c in range(1, len(phi)):  # argmax, the first of ties as torch.argmax
+        better = phi[c] > top_phi
+        best, top_phi = torch.where(better, c, best), torch.where(better, phi[c], top_phi)
+    return m, s, best
+
+
+def _fold(op, rows):
+    """op(...op(op(rows[0], rows[1]), rows[2])...): a reduction over an unrolled list of rows."""
+    out = rows[0]
+    for row in rows[1:]:
+        out = op(out, row)
+    return out
+
+
+def _nearby_forward(u, bins, theta, gate_logits, mask, window_ids, kstar, nearby, tables, totals, scalars, kl_table):
+    """θ^avg, Var or None, k* and the gate-KL correction (or None) of the uncovered weights ``u`` in lumpable bins
+    ``bins``: their inputs gathered, their bins' NEARBY components looked up in the (W·K,) ``tables``
+    (μ, 1/σ, log π − log σ − ½ log 2π) and :func:`_nearby_rows`, in one kernel (the forward needs no graph).
+    ``totals``: (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: L, τ, τ', K, σ_0²."""
+    lumped, temperature, tau, k, spike_var = scalars
+    th, wid = theta[u], window_ids[u].long()
+    flat = [nearby[:, c][bins] for c in range(nearby.shape[1])]
+    mu, inv_std, const = ([t[i] for i in flat] for t in tables)
+    total_sq = None if totals[1] is None else totals[1][wid]
+    m, s, pos = _nearby_rows(th, mu, inv_std, const, totals[0][wid], total_sq, lumped, temperature)
+    best = flat[0]
+    for c in range(1, len(flat)):
+        best = torch.where(pos == c, flat[c], best)
+    lam = _gate_probs(gate_logits[u], mask[u], tau)[2]
+    var = None if s is None else (lam * s - (lam * m) ** 2 + (1 - lam) * spike_var).clamp_min(0)
+    correction = None
+    if kl_table is not None:  # the certified kernel summed the KL at the bin's choice; this weight's k* may differ
+        correction = (lam * (kl_table[best] - kl_table[wid * k + kstar[u].long()])).sum(dtype=torch.float64)
+    return lam * m, var, (best - wid * k).to(torch.uint8), correction
