@@ -38,16 +38,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ._fused_uncovered import _full_columns, _nearby_columns, _nearby_forward
+from ._fused_uncovered import _full_columns, _nearby_columns, _nearby_forward, _nearby_inputs
 from .chunked import (
     _chunk_ranges,
-    _full_grads,
     _gate_probs,
-    _Uncovered,
     _uncovered_chunks,
     gather,
     kl_accumulator,
     kl_grad,
+    recomputed_grads,
 )
 from .mixture import HALF_LOG_2PI
 from .onehot import _bin_bounds, bin_table
@@ -240,27 +239,28 @@ KERNELS = {
         _full_columns,
         _nearby_columns,
         _nearby_forward,
+        _nearby_inputs,
     )
 }
 
 
-def _uncovered_moments(th, wid, bins, table, means, log_stds, log_mix, spec, second):
-    """chunked._uncovered_moments with the (K, n) or (NEARBY, n) evaluation compiled (the recomputation in
-    backward); the gathers stay eager, so the gradients reach the (W, K) parameters through their
-    deterministic eager backward."""
-    k = means.shape[1]
-    temperature = _scalar(spec.temperature)
-    if bins is None:
-        columns = [p.t().index_select(1, wid) for p in (means, log_stds, log_mix)]  # (K, n)
-        m, s, best = KERNELS["_full_columns"](th, *columns, temperature, spec.kind, second)
-        return m, s, best.to(torch.uint8)
-    nearby = torch.stack([column.index_select(0, bins) for column in table.nearby.unbind(1)])  # (NEARBY, n) flat
+def _full_eval(th, wid, means, log_stds, log_mix, spec, second):
+    """(m, s or None, k* uint8) of uncovered weights on all K: chunked._full_moments with the (K, n) evaluation
+    compiled; the gathers stay eager, so that in backward the gradients reach the (W, K) parameters through
+    their deterministic eager backward."""
+    columns = [p.t().index_select(1, wid) for p in (means, log_stds, log_mix)]  # (K, n)
+    m, s, best = KERNELS["_full_columns"](th, *columns, _scalar(spec.temperature), spec.kind, second)
+    return m, s, best.to(torch.uint8)
+
+
+def _nearby_eval(th, wid, nearby, means, log_stds, log_mix, spec, second):
+    """(m, s or None) of uncovered weights on their (NEARBY, n) flat ``nearby`` components: the recomputation
+    in backward, on eagerly gathered columns (deterministic gradients, as in :func:`_full_eval`)."""
     columns = [gather(p.reshape(-1), nearby) for p in _nearby_tables(means, log_stds, log_mix)]
     total_sq = gather(_level_sq_totals(means, log_stds), wid) if second else None
-    lumped = _scalar(float(k - nearby.shape[0]))
-    m, s, pos = KERNELS["_nearby_columns"](th, *columns, gather(means.sum(-1), wid), total_sq, lumped, temperature)
-    best = nearby.gather(0, pos[None]).squeeze(0)
-    return m, s, (best - wid * k).to(torch.uint8)
+    lumped = _scalar(float(means.shape[1] - nearby.shape[0]))
+    temperature = _scalar(spec.temperature)
+    return KERNELS["_nearby_columns"](th, *columns, gather(means.sum(-1), wid), total_sq, lumped, temperature)[:2]
 
 
 def _nearby_tables(means, log_stds, log_mix):
@@ -344,7 +344,7 @@ def _full_block(u, inputs, log_mix, spec, second, kl_table):
     """θ^avg, Var or None, k* and the gate-KL correction (or None) of uncovered weights ``u`` on all K."""
     theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
     wid = window_ids[u].long()
-    m, s, levels = _uncovered_moments(theta[u], wid, None, None, means, log_stds, log_mix, spec, second)
+    m, s, levels = _full_eval(theta[u], wid, means, log_stds, log_mix, spec, second)
     lam = _gate_probs(gate_logits[u], mask[u], spec.gate_temperature)[2]
     var = None if s is None else (lam * s - (lam * m) ** 2 + (1 - lam) * spec.spike_variance).clamp_min(0)
     correction = None
@@ -353,6 +353,29 @@ def _full_block(u, inputs, log_mix, spec, second, kl_table):
         diff = kl_table.index_select(0, wid * k + levels.long()) - kl_table.index_select(0, wid * k + kstar[u].long())
         correction = (lam * diff).sum(dtype=torch.float64)
     return lam * m, var, levels, correction
+
+
+def _block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, table, spec):
+    """Recompute one block of uncovered weights (``bins`` None: on all K) with a graph, accumulate their
+    parameter gradients and add the moments' part of their ∂/∂s̃ to ``g_gate``."""
+    theta, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
+    second, tau = grad_var is not None, spec.gate_temperature
+    if bins is None:
+        _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
+        th, wid, gm, gv = theta[u], window_ids[u].long(), grad_mean[u], (grad_var[u] if second else None)
+
+        def evaluate(th_leaf, log_mix):
+            return _full_eval(th_leaf, wid, leaves[0], leaves[1], log_mix, spec, second)
+    else:
+        args = (theta, gate_logits, mask, window_ids, grad_mean, grad_var, table.nearby, _scalar(tau))
+        th, wid, lam, lam_raw, gm, gv, nearby = KERNELS["_nearby_inputs"](u, bins, *args)
+
+        def evaluate(th_leaf, log_mix):
+            return _nearby_eval(th_leaf, wid, nearby, leaves[0], leaves[1], log_mix, spec, second)
+
+    m, s = recomputed_grads(param_grads, g_theta, (0, u), leaves, th, evaluate, gm, gv, lam)
+    dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
+    g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / tau)
 
 
 class FusedPosteriorMoments(torch.autograd.Function):
@@ -400,12 +423,9 @@ class FusedPosteriorMoments(torch.autograd.Function):
         g_theta = torch.zeros_like(theta) if ctx.needs_input_grad[0] else None
         one_hot = (gate_logits, mask, window_ids, kstar, certified, means, log_stds, component_kl, grad_mean, gv)
         g_gate = _one_hot_gradients(param_grads, g_comp, *one_hot, grad_kl, spec)
+        inputs = (theta, gate_logits, mask, window_ids, grad_mean, gv)
         for u, bins in ctx.blocks:  # the uncovered weights: recomputed with a graph, as in chunked
-            _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], spec.gate_temperature)
-            block, gm = _Uncovered(0, u, window_ids[u].long(), bins, ctx.table), grad_mean[u]
-            m, s = _full_grads(param_grads, g_theta, block, leaves, theta, spec, gm, gv, lam, _uncovered_moments)
-            dlam = gm * m if gv is None else gm * m + gv[u] * (s - 2 * lam * m * m - spec.spike_variance)
-            g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / spec.gate_temperature)
+            _block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, ctx.table, spec)
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
         return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
 

@@ -104,3 +104,13 @@ def _nearby_forward(u, bins, theta, gate_logits, mask, window_ids, kstar, nearby
     if kl_table is not None:  # the certified kernel summed the KL at the bin's choice; this weight's k* may differ
         correction = (lam * (kl_table[best] - kl_table[wid * k + kstar[u].long()])).sum(dtype=torch.float64)
     return lam * m, var, (best - wid * k).to(torch.uint8), correction
+
+
+def _nearby_inputs(u, bins, theta, gate_logits, mask, window_ids, grad_mean, grad_var, nearby, tau):
+    """What backward's recomputation of the uncovered weights ``u`` in lumpable bins ``bins`` needs, gathered
+    in one kernel: θ, window (int64), λ̃ (masked), λ̃ (raw), ∂L/∂θ^avg, ∂L/∂Var (or None) and the
+    (NEARBY, n) flat indices of their bins' nearby components."""
+    _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
+    flat = torch.stack([nearby[:, c][bins] for c in range(nearby.shape[1])])
+    gv = None if grad_var is None else grad_var[u]
+    return theta[u], window_ids[u].long(), lam, lam_raw, grad_mean[u], gv, flat

@@ -295,20 +295,30 @@ def _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds):
     g_means.index_add_(0, flat, dm.double())
 
 
-def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, theta, spec, gm, gv, lam, moments=None):
+def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, theta, spec, gm, gv, lam):
     """Recompute the uncovered weights of ``block`` with a graph and accumulate their gradients; returns
-    their (m, s) values. ``moments``: :func:`_uncovered_moments` or the compiled one (sqs_core._fused)."""
-    moments = moments or _uncovered_moments
-    means, log_stds, mixing_logits = leaves
-    u = block.u
-    th_leaf = theta[block.a :][u].detach().requires_grad_(g_theta is not None)
+    their (m, s) values."""
+    second, (means, log_stds, _) = gv is not None, leaves
+
+    def evaluate(th_leaf, log_mix):
+        return _uncovered_moments(th_leaf, block.wid, block.bins, block.table, means, log_stds, log_mix, spec, second)
+
+    gv_u = gv[block.u] if second else None
+    return recomputed_grads(
+        param_grads, g_theta, (block.a, block.u), leaves, theta[block.a :][block.u], evaluate, gm, gv_u, lam
+    )
+
+
+def recomputed_grads(param_grads, g_theta, where, leaves, th, evaluate, gm, gv, lam):
+    """Recompute (m, s) = ``evaluate(θ leaf, log π)`` of some weights with a graph and accumulate the gradients
+    of ∂L/∂θ^avg = ``gm`` (and ∂L/∂Var = ``gv`` or None) through θ^avg = λ̃ m, Var = λ̃ s − (λ̃ m)² + ... into
+    ``param_grads`` (float64, flat) and ``g_theta`` (or None) at ``where`` = (offset, local indices);
+    ``gm``, ``gv``, ``lam`` are those weights' own. Returns their (m, s or None) values."""
+    th_leaf = th.detach().requires_grad_(g_theta is not None)
     with torch.enable_grad():
-        log_mix = F.log_softmax(mixing_logits, dim=-1)
-        second = gv is not None
-        m, s, _ = moments(th_leaf, block.wid, block.bins, block.table, means, log_stds, log_mix, spec, second)
+        m, s = evaluate(th_leaf, F.log_softmax(leaves[2], dim=-1))[:2]
     outputs, grads_out = [m], [gm * lam]
     if gv is not None:
-        gv = gv[u]
         grads_out[0] = gm * lam - 2 * gv * lam * lam * m.detach()
         outputs.append(s)
         grads_out.append(gv * lam)
@@ -318,7 +328,7 @@ def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, theta, spec, gm
         if g is not None:
             acc += g.reshape(-1)
     if g_theta is not None and grads[3] is not None:
-        g_theta[block.a :].index_copy_(0, u, grads[3].to(g_theta.dtype))
+        g_theta[where[0] :].index_copy_(0, where[1], grads[3].to(g_theta.dtype))
     return m.detach(), (s.detach() if s is not None else None)
 
 
