@@ -355,7 +355,16 @@ def _full_block(u, inputs, log_mix, spec, second, kl_table):
     return lam * m, var, levels, correction
 
 
-def _block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, table, spec):
+def _unpack_blocks(tensors, near):
+    """[(u, bins or None)] from the flat saved tensors: two per nearby block, one per full block."""
+    blocks, items = [], iter(tensors)
+    for is_near in near:
+        u = next(items)
+        blocks.append((u, next(items) if is_near else None))
+    return blocks
+
+
+def _block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec):
     """Recompute one block of uncovered weights (``bins`` None: on all K) with a graph, accumulate their
     parameter gradients and add the moments' part of their ∂/∂s̃ to ``g_gate``."""
     theta, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
@@ -367,7 +376,7 @@ def _block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, tabl
         def evaluate(th_leaf, log_mix):
             return _full_eval(th_leaf, wid, leaves[0], leaves[1], log_mix, spec, second)
     else:
-        args = (theta, gate_logits, mask, window_ids, grad_mean, grad_var, table.nearby, _scalar(tau))
+        args = (theta, gate_logits, mask, window_ids, grad_mean, grad_var, nearby_table, _scalar(tau))
         th, wid, lam, lam_raw, gm, gv, nearby = KERNELS["_nearby_inputs"](u, bins, *args)
 
         def evaluate(th_leaf, log_mix):
@@ -380,7 +389,8 @@ def _block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, tabl
 
 class FusedPosteriorMoments(torch.autograd.Function):
     """chunked._PosteriorMoments with the per-weight passes fused: the same (θ^avg, Var or empty, k*, gate KL).
-    The uncovered weights' indices are kept from forward to backward (8 bytes each) rather than found again."""
+    The uncovered weights' indices (and bins) are kept from forward to backward as saved tensors (16 bytes each)
+    rather than found again."""
 
     @staticmethod
     def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, *settings):
@@ -407,16 +417,18 @@ class FusedPosteriorMoments(torch.autograd.Function):
             if var_u is not None:
                 var[u] = var_u
         saved = (theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified)
-        ctx.save_for_backward(*saved)
-        ctx.spec, ctx.second, ctx.table, ctx.blocks = spec, second, table, blocks
+        # the blocks' indices and bins as saved tensors too, so that autograd frees them after backward
+        ctx.save_for_backward(*saved, table.nearby, *(t for block in blocks for t in block if t is not None))
+        ctx.spec, ctx.second, ctx.near = spec, second, [bins is not None for _, bins in blocks]
         ctx.mark_non_differentiable(kstar)
         return mean, var, kstar, (theta.new_zeros(()) if kl is None else kl.to(theta.dtype))
 
     @staticmethod
     def backward(ctx, grad_mean, grad_var, _grad_kstar, grad_kl):
-        theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified = (
+        theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified, *rest = (
             ctx.saved_tensors
         )
+        nearby, blocks = rest[0], _unpack_blocks(rest[1:], ctx.near)
         spec, gv, g_comp = ctx.spec, (grad_var if ctx.second else None), kl_accumulator(component_kl, grad_kl)
         leaves = [p.detach().requires_grad_() for p in (means, log_stds, mixing_logits)]
         param_grads = [torch.zeros(p.numel(), dtype=torch.float64, device=p.device) for p in leaves]
@@ -424,8 +436,8 @@ class FusedPosteriorMoments(torch.autograd.Function):
         one_hot = (gate_logits, mask, window_ids, kstar, certified, means, log_stds, component_kl, grad_mean, gv)
         g_gate = _one_hot_gradients(param_grads, g_comp, *one_hot, grad_kl, spec)
         inputs = (theta, gate_logits, mask, window_ids, grad_mean, gv)
-        for u, bins in ctx.blocks:  # the uncovered weights: recomputed with a graph, as in chunked
-            _block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, ctx.table, spec)
+        for u, bins in blocks:  # the uncovered weights: recomputed with a graph, as in chunked
+            _block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec)
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
         return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
 

@@ -102,7 +102,6 @@ class _PosteriorMoments(torch.autograd.Function):
     @staticmethod
     def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, *settings):
         spec, second, ranges = settings
-        keep = _gate_probs(gate_logits, mask, spec.gate_temperature)[2]
         kl = torch.zeros((), dtype=torch.float64, device=theta.device)
         mean = torch.empty_like(theta)
         var = torch.empty_like(theta) if second else theta.new_zeros(0)
@@ -123,7 +122,7 @@ class _PosteriorMoments(torch.autograd.Function):
             if component_kl is not None:
                 chunk = (gate_logits[a:b], component_kl, mask[a:b], wid, ks)
                 kl += _gate_kl_chunk_sum(*chunk, spec.gate_temperature, spec.prior_keep)
-            lam = keep[a:b]
+            lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)[2]
             mean[a:b] = lam * m
             kstar[a:b] = ks
             certified[a:b] = cert
