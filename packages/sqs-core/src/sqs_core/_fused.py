@@ -38,12 +38,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ._fused_uncovered import _full_columns, _nearby_columns, _nearby_forward, _nearby_inputs
+from ._fused_uncovered import _full_columns, _nearby_forward, _nearby_inputs, _nearby_vjp
 from .chunked import (
     _chunk_ranges,
     _gate_probs,
     _uncovered_chunks,
-    gather,
     kl_accumulator,
     kl_grad,
     recomputed_grads,
@@ -237,9 +236,9 @@ KERNELS = {
         _gate_kl_sum,
         _gate_kl_backward,
         _full_columns,
-        _nearby_columns,
         _nearby_forward,
         _nearby_inputs,
+        _nearby_vjp,
     )
 }
 
@@ -251,16 +250,6 @@ def _full_eval(th, wid, means, log_stds, log_mix, spec, second):
     columns = [p.t().index_select(1, wid) for p in (means, log_stds, log_mix)]  # (K, n)
     m, s, best = KERNELS["_full_columns"](th, *columns, _scalar(spec.temperature), spec.kind, second)
     return m, s, best.to(torch.uint8)
-
-
-def _nearby_eval(th, wid, nearby, means, log_stds, log_mix, spec, second):
-    """(m, s or None) of uncovered weights on their (NEARBY, n) flat ``nearby`` components: the recomputation
-    in backward, on eagerly gathered columns (deterministic gradients, as in :func:`_full_eval`)."""
-    columns = [gather(p.reshape(-1), nearby) for p in _nearby_tables(means, log_stds, log_mix)]
-    total_sq = gather(_level_sq_totals(means, log_stds), wid) if second else None
-    lumped = _scalar(float(means.shape[1] - nearby.shape[0]))
-    temperature = _scalar(spec.temperature)
-    return KERNELS["_nearby_columns"](th, *columns, gather(means.sum(-1), wid), total_sq, lumped, temperature)[:2]
 
 
 def _nearby_tables(means, log_stds, log_mix):
@@ -367,24 +356,50 @@ def _unpack_blocks(tensors, near):
 def _block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec):
     """Recompute one block of uncovered weights (``bins`` None: on all K) with a graph, accumulate their
     parameter gradients and add the moments' part of their ∂/∂s̃ to ``g_gate``."""
+    if bins is not None:
+        return _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec)
     theta, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
     second, tau = grad_var is not None, spec.gate_temperature
-    if bins is None:
-        _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
-        th, wid, gm, gv = theta[u], window_ids[u].long(), grad_mean[u], (grad_var[u] if second else None)
+    _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
+    th, wid, gm, gv = theta[u], window_ids[u].long(), grad_mean[u], (grad_var[u] if second else None)
 
-        def evaluate(th_leaf, log_mix):
-            return _full_eval(th_leaf, wid, leaves[0], leaves[1], log_mix, spec, second)
-    else:
-        args = (theta, gate_logits, mask, window_ids, grad_mean, grad_var, nearby_table, _scalar(tau))
-        th, wid, lam, lam_raw, gm, gv, nearby = KERNELS["_nearby_inputs"](u, bins, *args)
-
-        def evaluate(th_leaf, log_mix):
-            return _nearby_eval(th_leaf, wid, nearby, leaves[0], leaves[1], log_mix, spec, second)
+    def evaluate(th_leaf, log_mix):
+        return _full_eval(th_leaf, wid, leaves[0], leaves[1], log_mix, spec, second)
 
     m, s = recomputed_grads(param_grads, g_theta, (0, u), leaves, th, evaluate, gm, gv, lam)
     dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
     g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / tau)
+
+
+def _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec):
+    """:func:`_block_gradients` of a block in lumpable bins: its inputs gathered by one kernel, its columns of
+    the (W, K) tables by ``index_select``, values and gradients by one :func:`_nearby_vjp` kernel; the column
+    gradients are summed into the tables by ``index_add_`` and taken through the small graph
+    tables ← (μ, log σ, mixing logits) by autograd."""
+    means, log_stds, mixing_logits = leaves
+    second, tau = inputs[-1] is not None, _scalar(spec.gate_temperature)
+    with torch.enable_grad():
+        tables = _nearby_tables(means, log_stds, F.log_softmax(mixing_logits, dim=-1))
+        totals = [means.sum(-1)] + ([_level_sq_totals(means, log_stds)] if second else [])
+    th, wid, lam, lam_raw, gm, gv, nearby = KERNELS["_nearby_inputs"](u, bins, *inputs, nearby_table, tau)
+    flat = nearby.reshape(-1)
+    columns = [t.detach().reshape(-1).index_select(0, flat).view(nearby.shape) for t in tables]
+    per_weight = [t.detach().index_select(0, wid) for t in totals] + ([] if second else [None])
+    lumped = _scalar(float(means.shape[1] - nearby.shape[0]))
+    scalars = (lumped, _scalar(spec.temperature), tau, _scalar(spec.spike_variance))
+    g_gate_u, g_th, *column_grads = KERNELS["_nearby_vjp"](th, *columns, *per_weight, gm, gv, lam, lam_raw, scalars)
+    grads_out = [
+        t.new_zeros(t.numel()).index_add_(0, flat, g.reshape(-1)).view_as(t)
+        for t, g in zip(tables, column_grads[:3], strict=True)
+    ]
+    grads_out += [t.new_zeros(t.shape).index_add_(0, wid, g) for t, g in zip(totals, column_grads[3:], strict=True)]
+    outputs = [*tables, *totals]
+    for acc, g in zip(param_grads, torch.autograd.grad(outputs, leaves, grads_out, allow_unused=True), strict=True):
+        if g is not None:
+            acc += g.reshape(-1)
+    if g_theta is not None:
+        g_theta.index_copy_(0, u, g_th.to(g_theta.dtype))
+    g_gate.index_add_(0, u, g_gate_u)
 
 
 class FusedPosteriorMoments(torch.autograd.Function):

@@ -114,3 +114,30 @@ def _nearby_inputs(u, bins, theta, gate_logits, mask, window_ids, grad_mean, gra
     flat = torch.stack([nearby[:, c][bins] for c in range(nearby.shape[1])])
     gv = None if grad_var is None else grad_var[u]
     return theta[u], window_ids[u].long(), lam, lam_raw, grad_mean[u], gv, flat
+
+
+def _nearby_vjp(th, mu, inv_std, const, total_mu, total_sq, gm, gv, lam, lam_raw, scalars):
+    """Backward of uncovered weights on gathered (NEARBY, n) columns in one kernel: θ^avg (and Var)
+    recomputed and differentiated by ``torch.func.vjp`` with cotangents ∂L/∂θ^avg·λ̃ − 2 ∂L/∂Var·λ̃² m and
+    ∂L/∂Var·λ̃ (Var = λ̃ s − (λ̃ m)² + ...), so no intermediate leaves the kernel (AOTAutograd would store
+    them between its forward and backward graphs). Returns (the moments' part of ∂/∂s̃, ∂/∂θ, ∂/∂ of the
+    μ, 1/σ and log π − log σ − ½ log 2π columns, of Σ_k μ_k and, with Var (``gv``), of Σ_k (μ_k² + σ_k²));
+    the caller sums the column gradients into the (W, K) parameters, deterministically."""
+    lumped, temperature, tau, spike_var = scalars
+    if gv is None:
+
+        def mean_of(th, mu, inv_std, const, total_mu):
+            return _nearby_columns(th, mu, inv_std, const, total_mu, None, lumped, temperature)[0]
+
+        m, pullback = torch.func.vjp(mean_of, th, mu, inv_std, const, total_mu)[:2]
+        grads = pullback(gm * lam)
+        dlam = gm * m
+    else:
+
+        def moments_of(th, mu, inv_std, const, total_mu, total_sq):
+            return _nearby_columns(th, mu, inv_std, const, total_mu, total_sq, lumped, temperature)[:2]
+
+        (m, s), pullback = torch.func.vjp(moments_of, th, mu, inv_std, const, total_mu, total_sq)[:2]
+        grads = pullback((gm * lam - 2 * gv * lam * lam * m, gv * lam))
+        dlam = gm * m + gv * (s - 2 * lam * m * m - spike_var)
+    return dlam * lam * (1 - lam_raw) / tau, *grads
