@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ._fused_uncovered import _full_columns, _nearby_forward, _nearby_inputs, _nearby_vjp
+from ._index_add import index_add_all
 from .chunked import (
     _chunk_ranges,
     _gate_probs,
@@ -321,11 +322,8 @@ def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar
         flat, d_mean, d_log_std, lam, g_gate[a:b] = KERNELS["_one_hot_backward"](
             *chunk, (gv[a:b] if gv is not None else None), *scalars, *kl
         )
-        param_grads[0].index_add_(0, flat, d_mean)
-        if d_log_std is not None:
-            param_grads[1].index_add_(0, flat, d_log_std)
-        if lam is not None:
-            g_comp.index_add_(0, flat, lam)
+        sums = [(param_grads[0], d_mean), (param_grads[1], d_log_std), (g_comp, lam)]
+        index_add_all([(acc, flat, source) for acc, source in sums if source is not None])
     return g_gate
 
 
@@ -388,12 +386,10 @@ def _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nea
     lumped = _scalar(float(means.shape[1] - nearby.shape[0]))
     scalars = (lumped, _scalar(spec.temperature), tau, _scalar(spec.spike_variance))
     g_gate_u, g_th, *column_grads = KERNELS["_nearby_vjp"](th, *columns, *per_weight, gm, gv, lam, lam_raw, scalars)
-    grads_out = [
-        t.new_zeros(t.numel()).index_add_(0, flat, g.reshape(-1)).view_as(t)
-        for t, g in zip(tables, column_grads[:3], strict=True)
-    ]
-    grads_out += [t.new_zeros(t.shape).index_add_(0, wid, g) for t, g in zip(totals, column_grads[3:], strict=True)]
     outputs = [*tables, *totals]
+    grads_out = [t.new_zeros(t.shape) for t in outputs]
+    jobs = [(g.view(-1), flat, c.reshape(-1)) for g, c in zip(grads_out[:3], column_grads[:3], strict=True)]
+    index_add_all(jobs + [(g, wid, c) for g, c in zip(grads_out[3:], column_grads[3:], strict=True)])
     for acc, g in zip(param_grads, torch.autograd.grad(outputs, leaves, grads_out, allow_unused=True), strict=True):
         if g is not None:
             acc += g.reshape(-1)

@@ -1,0 +1,50 @@
+"""Several ``index_add_`` calls into distinct accumulators, side by side.
+
+A training step's backward sums per-weight gradients into the small (W, K) parameters with float64
+``index_add_`` (deterministic, unlike atomic adds). On the CPU each such call runs on one core, and a
+step makes two or three of them per chunk of weights, one after another; here all but the first run on a
+worker thread while the caller runs the first. Each accumulator is still summed by one thread in index
+order, so the result is bit for bit that of running them in turn.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+__all__ = ["index_add_all"]
+
+_lock = threading.Lock()
+_worker: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, the one-thread pool)
+
+
+def index_add_all(jobs: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+    """``acc.index_add_(0, index, source)`` for every ``(acc, index, source)``; the accumulators must be
+    distinct tensors. In turn when there is one job, one torch thread (the user asked for one core) or a
+    non-CPU device; else the jobs after the first on the worker thread."""
+    if len(jobs) < 2 or torch.get_num_threads() < 2 or jobs[0][0].device.type != "cpu":
+        _run(jobs)
+        return
+    future = _pool().submit(_run, jobs[1:])
+    try:
+        _run(jobs[:1])
+    finally:
+        future.result()
+
+
+def _run(jobs: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+    for acc, index, source in jobs:
+        acc.index_add_(0, index, source)
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The worker, made on first use and again in a forked child (a fork copies the pool, not its thread)."""
+    global _worker
+    with _lock:
+        if _worker is None or _worker[0] != os.getpid():
+            _worker = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqs-index-add"))
+        return _worker[1]
