@@ -30,15 +30,14 @@ floats travel as 0-d tensors so no value triggers a recompile). Importing this m
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ._fused_uncovered import _full_columns, _nearby_forward, _nearby_inputs, _nearby_vjp
+from ._compiled import _Kernel, _scalar
+from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
+from ._fused_uncovered import block_gradients, full_block, nearby_block, unpack_blocks
 from ._index_add import index_add_all
 from .chunked import (
     _chunk_ranges,
@@ -46,53 +45,10 @@ from .chunked import (
     _uncovered_chunks,
     kl_accumulator,
     kl_grad,
-    recomputed_grads,
 )
-from .mixture import HALF_LOG_2PI
 from .onehot import _bin_bounds, bin_table
 
 __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
-
-log = logging.getLogger(__name__)
-
-
-class _Kernel:
-    """``fn`` compiled with inductor on its first call; ``calls`` counts the calls (tests check it)."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-        self.compiled: Callable[..., Any] | None = None
-        self.calls = 0
-
-    def __call__(self, *args: Any) -> Any:
-        self.calls += 1
-        if args[0].shape[0] < 2:  # dynamic shapes still specialise sizes 0 and 1: a graph each; not worth it
-            return self.fn(*args)
-        args = tuple(_unviewed(a) for a in args)
-        if self.compiled is not None:
-            return self.compiled(*args)
-        log.info("compiling %s with torch.compile (once per process; takes seconds)", self.fn.__name__)
-        self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
-        try:
-            return self.compiled(*args)
-        except Exception as exc:
-            self.compiled = None
-            raise RuntimeError(
-                f"SQSConfig.compile_kernels: torch.compile failed on {self.fn.__name__} ({type(exc).__name__}); "
-                "inductor needs a working C++ compiler on CPU. Set compile_kernels=False to train eagerly."
-            ) from exc
-
-
-def _unviewed(value: Any) -> Any:
-    """A view (say ``conv.weight.reshape(-1)[a:b]``) as a plain tensor when no gradient must flow through it:
-    dynamo guards on a view's base's shape, which would recompile the kernels for every layer shape."""
-    viewed = isinstance(value, torch.Tensor) and value._base is not None
-    return value.detach() if viewed and not (torch.is_grad_enabled() and value.requires_grad) else value
-
-
-def _scalar(value: float) -> torch.Tensor:
-    """A 0-d float64 tensor: a kernel input whose value is not baked into the compiled graph."""
-    return torch.tensor(value, dtype=torch.float64)
 
 
 def _flat(window_ids, kstar, k):
@@ -236,49 +192,9 @@ KERNELS = {
         _one_hot_backward,
         _gate_kl_sum,
         _gate_kl_backward,
-        _full_columns,
-        _nearby_forward,
-        _nearby_inputs,
-        _nearby_vjp,
     )
 }
-
-
-def _full_eval(th, wid, means, log_stds, log_mix, spec, second):
-    """(m, s or None, k* uint8) of uncovered weights on all K: chunked._full_moments with the (K, n) evaluation
-    compiled; the gathers stay eager, so that in backward the gradients reach the (W, K) parameters through
-    their deterministic eager backward."""
-    columns = [p.t().index_select(1, wid) for p in (means, log_stds, log_mix)]  # (K, n)
-    m, s, best = KERNELS["_full_columns"](th, *columns, _scalar(spec.temperature), spec.kind, second)
-    return m, s, best.to(torch.uint8)
-
-
-def _nearby_tables(means, log_stds, log_mix):
-    """μ, 1/σ and log π − log σ − ½ log 2π per component, (W, K) each: what the nearby evaluation gathers."""
-    return means, torch.exp(-log_stds), log_mix - log_stds - HALF_LOG_2PI
-
-
-def _level_sq_totals(means, log_stds):
-    """Σ_k (μ_k² + σ_k²) per window, (W,)."""
-    return (means * means + torch.exp(2 * log_stds)).sum(-1)
-
-
-def _nearby_block(u, bins, inputs, table, log_mix, spec, second, kl_table):
-    """:func:`_nearby_forward` for one block: (θ^avg, Var or None, k*, KL correction or None)."""
-    theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
-    k = means.shape[1]
-    tables = [t.detach().reshape(-1) for t in _nearby_tables(means, log_stds, log_mix)]
-    totals = (means.detach().sum(-1), _level_sq_totals(means, log_stds).detach() if second else None)
-    lumped = float(k - table.nearby.shape[1])
-    scalars = (
-        _scalar(lumped),
-        _scalar(spec.temperature),
-        _scalar(spec.gate_temperature),
-        k,
-        _scalar(spec.spike_variance),
-    )
-    args = (theta, gate_logits, mask, window_ids, kstar, table.nearby, tables, totals, scalars, kl_table)
-    return KERNELS["_nearby_forward"](u, bins, *args)
+KERNELS.update(UNCOVERED_KERNELS)
 
 
 def _certified_moments(theta, gate_logits, mask, window_ids, log_stds, table, spec, second, component_kl):
@@ -327,77 +243,6 @@ def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar
     return g_gate
 
 
-def _full_block(u, inputs, log_mix, spec, second, kl_table):
-    """θ^avg, Var or None, k* and the gate-KL correction (or None) of uncovered weights ``u`` on all K."""
-    theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
-    wid = window_ids[u].long()
-    m, s, levels = _full_eval(theta[u], wid, means, log_stds, log_mix, spec, second)
-    lam = _gate_probs(gate_logits[u], mask[u], spec.gate_temperature)[2]
-    var = None if s is None else (lam * s - (lam * m) ** 2 + (1 - lam) * spec.spike_variance).clamp_min(0)
-    correction = None
-    if kl_table is not None:  # as in _nearby_forward
-        k = means.shape[1]
-        diff = kl_table.index_select(0, wid * k + levels.long()) - kl_table.index_select(0, wid * k + kstar[u].long())
-        correction = (lam * diff).sum(dtype=torch.float64)
-    return lam * m, var, levels, correction
-
-
-def _unpack_blocks(tensors, near):
-    """[(u, bins or None)] from the flat saved tensors: two per nearby block, one per full block."""
-    blocks, items = [], iter(tensors)
-    for is_near in near:
-        u = next(items)
-        blocks.append((u, next(items) if is_near else None))
-    return blocks
-
-
-def _block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec):
-    """Recompute one block of uncovered weights (``bins`` None: on all K) with a graph, accumulate their
-    parameter gradients and add the moments' part of their ∂/∂s̃ to ``g_gate``."""
-    if bins is not None:
-        return _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec)
-    theta, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
-    second, tau = grad_var is not None, spec.gate_temperature
-    _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
-    th, wid, gm, gv = theta[u], window_ids[u].long(), grad_mean[u], (grad_var[u] if second else None)
-
-    def evaluate(th_leaf, log_mix):
-        return _full_eval(th_leaf, wid, leaves[0], leaves[1], log_mix, spec, second)
-
-    m, s = recomputed_grads(param_grads, g_theta, (0, u), leaves, th, evaluate, gm, gv, lam)
-    dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
-    g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / tau)
-
-
-def _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec):
-    """:func:`_block_gradients` of a block in lumpable bins: its inputs gathered by one kernel, its columns of
-    the (W, K) tables by ``index_select``, values and gradients by one :func:`_nearby_vjp` kernel; the column
-    gradients are summed into the tables by ``index_add_`` and taken through the small graph
-    tables ← (μ, log σ, mixing logits) by autograd."""
-    means, log_stds, mixing_logits = leaves
-    second, tau = inputs[-1] is not None, _scalar(spec.gate_temperature)
-    with torch.enable_grad():
-        tables = _nearby_tables(means, log_stds, F.log_softmax(mixing_logits, dim=-1))
-        totals = [means.sum(-1)] + ([_level_sq_totals(means, log_stds)] if second else [])
-    th, wid, lam, lam_raw, gm, gv, nearby = KERNELS["_nearby_inputs"](u, bins, *inputs, nearby_table, tau)
-    flat = nearby.reshape(-1)
-    columns = [t.detach().reshape(-1).index_select(0, flat).view(nearby.shape) for t in tables]
-    per_weight = [t.detach().index_select(0, wid) for t in totals] + ([] if second else [None])
-    lumped = _scalar(float(means.shape[1] - nearby.shape[0]))
-    scalars = (lumped, _scalar(spec.temperature), tau, _scalar(spec.spike_variance))
-    g_gate_u, g_th, *column_grads = KERNELS["_nearby_vjp"](th, *columns, *per_weight, gm, gv, lam, lam_raw, scalars)
-    outputs = [*tables, *totals]
-    grads_out = [t.new_zeros(t.shape) for t in outputs]
-    jobs = [(g.view(-1), flat, c.reshape(-1)) for g, c in zip(grads_out[:3], column_grads[:3], strict=True)]
-    index_add_all(jobs + [(g, wid, c) for g, c in zip(grads_out[3:], column_grads[3:], strict=True)])
-    for acc, g in zip(param_grads, torch.autograd.grad(outputs, leaves, grads_out, allow_unused=True), strict=True):
-        if g is not None:
-            acc += g.reshape(-1)
-    if g_theta is not None:
-        g_theta.index_copy_(0, u, g_th.to(g_theta.dtype))
-    g_gate.index_add_(0, u, g_gate_u)
-
-
 class FusedPosteriorMoments(torch.autograd.Function):
     """chunked._PosteriorMoments with the per-weight passes fused: the same (θ^avg, Var or empty, k*, gate KL).
     The uncovered weights' indices (and bins) are kept from forward to backward as saved tensors (16 bytes each)
@@ -417,11 +262,11 @@ class FusedPosteriorMoments(torch.autograd.Function):
         kl_table = None if component_kl is None else component_kl.detach().reshape(-1)
         for u, bins in blocks:
             if bins is not None:
-                mean_u, var_u, levels, correction = _nearby_block(
+                mean_u, var_u, levels, correction = nearby_block(
                     u, bins, inputs, table, log_mix, spec, second, kl_table
                 )
             else:
-                mean_u, var_u, levels, correction = _full_block(u, inputs, log_mix, spec, second, kl_table)
+                mean_u, var_u, levels, correction = full_block(u, inputs, log_mix, spec, second, kl_table)
             if correction is not None:
                 kl = kl + correction
             kstar[u], mean[u] = levels, mean_u
@@ -439,7 +284,7 @@ class FusedPosteriorMoments(torch.autograd.Function):
         theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified, *rest = (
             ctx.saved_tensors
         )
-        nearby, blocks = rest[0], _unpack_blocks(rest[1:], ctx.near)
+        nearby, blocks = rest[0], unpack_blocks(rest[1:], ctx.near)
         spec, gv, g_comp = ctx.spec, (grad_var if ctx.second else None), kl_accumulator(component_kl, grad_kl)
         leaves = [p.detach().requires_grad_() for p in (means, log_stds, mixing_logits)]
         param_grads = [torch.zeros(p.numel(), dtype=torch.float64, device=p.device) for p in leaves]
@@ -448,7 +293,7 @@ class FusedPosteriorMoments(torch.autograd.Function):
         g_gate = _one_hot_gradients(param_grads, g_comp, *one_hot, grad_kl, spec)
         inputs = (theta, gate_logits, mask, window_ids, grad_mean, gv)
         for u, bins in blocks:  # the uncovered weights: recomputed with a graph, as in chunked
-            _block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec)
+            block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec)
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
         return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
 

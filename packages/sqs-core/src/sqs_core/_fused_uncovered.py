@@ -1,8 +1,11 @@
-"""Kernel bodies for the weights the one-hot certificate does not cover (compiled by sqs_core._fused).
+"""The compiled path (sqs_core._fused) for the weights the one-hot certificate does not cover.
 
-Pure tensor functions, each compiled once by ``_fused.KERNELS``: the full (K, n) evaluation, the
-NEARBY-component evaluation on gathered (NEARBY, n) columns (the recomputation in backward, whose gradients
-reach the columns) and the forward of whole blocks of such weights, which gathers its inputs itself.
+Kernel bodies, each compiled once (``KERNELS``, counted into ``_fused.KERNELS``): the full (K, n)
+evaluation; the NEARBY-component evaluation with the loop over components unrolled; the forward of a block
+of weights in lumpable bins, which gathers its own inputs; backward's input gathering and its
+``torch.func.vjp`` recomputation. And the per-block glue FusedPosteriorMoments calls: ``nearby_block`` and
+``full_block`` in forward, ``block_gradients`` in backward (``unpack_blocks`` rebuilds the blocks from the
+saved tensors).
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .chunked import _gate_probs
+from ._compiled import _Kernel, _scalar
+from ._index_add import index_add_all
+from .chunked import _gate_probs, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
 
-__all__: list[str] = []  # kernel bodies: sqs_core._fused compiles and calls them
+__all__ = ["KERNELS", "block_gradients", "full_block", "nearby_block", "unpack_blocks"]
 
 
 def _log_density_columns(th, mu, log_std, log_mix):
@@ -141,3 +146,114 @@ def _nearby_vjp(th, mu, inv_std, const, total_mu, total_sq, gm, gv, lam, lam_raw
         grads = pullback((gm * lam - 2 * gv * lam * lam * m, gv * lam))
         dlam = gm * m + gv * (s - 2 * lam * m * m - spike_var)
     return dlam * lam * (1 - lam_raw) / tau, *grads
+
+
+KERNELS = {fn.__name__: _Kernel(fn) for fn in (_full_columns, _nearby_forward, _nearby_inputs, _nearby_vjp)}
+
+
+def _full_eval(th, wid, means, log_stds, log_mix, spec, second):
+    """(m, s or None, k* uint8) of uncovered weights on all K: chunked._full_moments with the (K, n) evaluation
+    compiled; the gathers stay eager, so that in backward the gradients reach the (W, K) parameters through
+    their deterministic eager backward."""
+    columns = [p.t().index_select(1, wid) for p in (means, log_stds, log_mix)]  # (K, n)
+    m, s, best = KERNELS["_full_columns"](th, *columns, _scalar(spec.temperature), spec.kind, second)
+    return m, s, best.to(torch.uint8)
+
+
+def _nearby_tables(means, log_stds, log_mix):
+    """μ, 1/σ and log π − log σ − ½ log 2π per component, (W, K) each: what the nearby evaluation gathers."""
+    return means, torch.exp(-log_stds), log_mix - log_stds - HALF_LOG_2PI
+
+
+def _level_sq_totals(means, log_stds):
+    """Σ_k (μ_k² + σ_k²) per window, (W,)."""
+    return (means * means + torch.exp(2 * log_stds)).sum(-1)
+
+
+def nearby_block(u, bins, inputs, table, log_mix, spec, second, kl_table):
+    """:func:`_nearby_forward` for one block: (θ^avg, Var or None, k*, KL correction or None)."""
+    theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
+    k = means.shape[1]
+    tables = [t.detach().reshape(-1) for t in _nearby_tables(means, log_stds, log_mix)]
+    totals = (means.detach().sum(-1), _level_sq_totals(means, log_stds).detach() if second else None)
+    lumped = float(k - table.nearby.shape[1])
+    scalars = (
+        _scalar(lumped),
+        _scalar(spec.temperature),
+        _scalar(spec.gate_temperature),
+        k,
+        _scalar(spec.spike_variance),
+    )
+    args = (theta, gate_logits, mask, window_ids, kstar, table.nearby, tables, totals, scalars, kl_table)
+    return KERNELS["_nearby_forward"](u, bins, *args)
+
+
+def full_block(u, inputs, log_mix, spec, second, kl_table):
+    """θ^avg, Var or None, k* and the gate-KL correction (or None) of uncovered weights ``u`` on all K."""
+    theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
+    wid = window_ids[u].long()
+    m, s, levels = _full_eval(theta[u], wid, means, log_stds, log_mix, spec, second)
+    lam = _gate_probs(gate_logits[u], mask[u], spec.gate_temperature)[2]
+    var = None if s is None else (lam * s - (lam * m) ** 2 + (1 - lam) * spec.spike_variance).clamp_min(0)
+    correction = None
+    if kl_table is not None:  # as in _nearby_forward
+        k = means.shape[1]
+        diff = kl_table.index_select(0, wid * k + levels.long()) - kl_table.index_select(0, wid * k + kstar[u].long())
+        correction = (lam * diff).sum(dtype=torch.float64)
+    return lam * m, var, levels, correction
+
+
+def unpack_blocks(tensors, near):
+    """[(u, bins or None)] from the flat saved tensors: two per nearby block, one per full block."""
+    blocks, items = [], iter(tensors)
+    for is_near in near:
+        u = next(items)
+        blocks.append((u, next(items) if is_near else None))
+    return blocks
+
+
+def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec):
+    """Recompute one block of uncovered weights (``bins`` None: on all K) with a graph, accumulate their
+    parameter gradients and add the moments' part of their ∂/∂s̃ to ``g_gate``."""
+    if bins is not None:
+        return _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec)
+    theta, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
+    second, tau = grad_var is not None, spec.gate_temperature
+    _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
+    th, wid, gm, gv = theta[u], window_ids[u].long(), grad_mean[u], (grad_var[u] if second else None)
+
+    def evaluate(th_leaf, log_mix):
+        return _full_eval(th_leaf, wid, leaves[0], leaves[1], log_mix, spec, second)
+
+    m, s = recomputed_grads(param_grads, g_theta, (0, u), leaves, th, evaluate, gm, gv, lam)
+    dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
+    g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / tau)
+
+
+def _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec):
+    """:func:`_block_gradients` of a block in lumpable bins: its inputs gathered by one kernel, its columns of
+    the (W, K) tables by ``index_select``, values and gradients by one :func:`_nearby_vjp` kernel; the column
+    gradients are summed into the tables by ``index_add_`` and taken through the small graph
+    tables ← (μ, log σ, mixing logits) by autograd."""
+    means, log_stds, mixing_logits = leaves
+    second, tau = inputs[-1] is not None, _scalar(spec.gate_temperature)
+    with torch.enable_grad():
+        tables = _nearby_tables(means, log_stds, F.log_softmax(mixing_logits, dim=-1))
+        totals = [means.sum(-1)] + ([_level_sq_totals(means, log_stds)] if second else [])
+    th, wid, lam, lam_raw, gm, gv, nearby = KERNELS["_nearby_inputs"](u, bins, *inputs, nearby_table, tau)
+    flat = nearby.reshape(-1)
+    columns = [t.detach().reshape(-1).index_select(0, flat).view(nearby.shape) for t in tables]
+    per_weight = [t.detach().index_select(0, wid) for t in totals] + ([] if second else [None])
+    lumped = _scalar(float(means.shape[1] - nearby.shape[0]))
+    scalars = (lumped, _scalar(spec.temperature), tau, _scalar(spec.spike_variance))
+    g_gate_u, g_th, *column_grads = KERNELS["_nearby_vjp"](th, *columns, *per_weight, gm, gv, lam, lam_raw, scalars)
+    outputs = [*tables, *totals]
+    grads_out = [t.new_zeros(t.shape) for t in outputs]
+    jobs = [(g.view(-1), flat, c.reshape(-1)) for g, c in zip(grads_out[:3], column_grads[:3], strict=True)]
+    index_add_all(jobs + [(g, wid, c) for g, c in zip(grads_out[3:], column_grads[3:], strict=True)])
+    for acc, g in zip(param_grads, torch.autograd.grad(outputs, leaves, grads_out, allow_unused=True), strict=True):
+        if g is not None:
+            acc += g.reshape(-1)
+    if g_theta is not None:
+        g_theta.index_copy_(0, u, g_th.to(g_theta.dtype))
+    g_gate.index_add_(0, u, g_gate_u)

@@ -1,0 +1,53 @@
+"""The compile machinery of the opt-in kernels (``SQSConfig.compile_kernels``): each kernel body is compiled
+with inductor on its first call. Importing this module compiles nothing."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__: list[str] = []  # used by sqs_core._fused and sqs_core._fused_uncovered
+
+log = logging.getLogger(__name__)
+
+
+class _Kernel:
+    """``fn`` compiled with inductor on its first call; ``calls`` counts the calls (tests check it)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.compiled: Callable[..., Any] | None = None
+        self.calls = 0
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls += 1
+        if args[0].shape[0] < 2:  # dynamic shapes still specialise sizes 0 and 1: a graph each; not worth it
+            return self.fn(*args)
+        args = tuple(_unviewed(a) for a in args)
+        if self.compiled is not None:
+            return self.compiled(*args)
+        log.info("compiling %s with torch.compile (once per process; takes seconds)", self.fn.__name__)
+        self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+        try:
+            return self.compiled(*args)
+        except Exception as exc:
+            self.compiled = None
+            raise RuntimeError(
+                f"SQSConfig.compile_kernels: torch.compile failed on {self.fn.__name__} ({type(exc).__name__}); "
+                "inductor needs a working C++ compiler on CPU. Set compile_kernels=False to train eagerly."
+            ) from exc
+
+
+def _unviewed(value: Any) -> Any:
+    """A view (say ``conv.weight.reshape(-1)[a:b]``) as a plain tensor when no gradient must flow through it:
+    dynamo guards on a view's base's shape, which would recompile the kernels for every layer shape."""
+    viewed = isinstance(value, torch.Tensor) and value._base is not None
+    return value.detach() if viewed and not (torch.is_grad_enabled() and value.requires_grad) else value
+
+
+def _scalar(value: float) -> torch.Tensor:
+    """A 0-d float64 tensor: a kernel input whose value is not baked into the compiled graph."""
+    return torch.tensor(value, dtype=torch.float64)
