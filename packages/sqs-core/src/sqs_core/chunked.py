@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ._index_add import index_add_all
 from .mixture import PAPER_CLAMP, bernoulli_kl, component_log_density, log_responsibilities
 from .onehot import NEARBY, BinTable, bin_index, bin_table, certify_one_hot, owns_bin
 
@@ -152,7 +153,12 @@ class _PosteriorMoments(torch.autograd.Function):
             gm, gv = grad_mean[a:b], (grad_var[a:b] if second else None)
             flat, cert = _flat_index(wid, kstar[a:b], num_windows, k), certified[a:b]
             m, s = _one_hot_moments(flat, means, log_stds, second)
-            _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds)
+            sums = _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds)
+            if g_comp is not None:
+                chunk = (gate_logits[a:b], component_kl, mask[a:b], wid, kstar[a:b], spec.gate_temperature)
+                index, lam64, g_kl = _gate_kl_chunk_grads(*chunk, spec.prior_keep, grad_kl)
+                sums.append((g_comp, index, lam64))
+            index_add_all(sums)
             for u, bins in _uncovered_chunks(theta[a:b], wid, cert, ctx.table, k):
                 block = _Uncovered(a, u, wid[u].long(), bins, ctx.table)
                 m[u], s_u = _full_grads(param_grads, g_theta, block, leaves, theta, spec, gm[u], gv, lam[u])
@@ -161,10 +167,7 @@ class _PosteriorMoments(torch.autograd.Function):
             dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
             g_gate[a:b] = dlam * lam * (1 - lam_raw) / spec.gate_temperature  # λ̃(1 − λ̃)/τ', 0 where masked
             if g_comp is not None:
-                chunk = (gate_logits[a:b], component_kl, mask[a:b], wid, kstar[a:b], spec.gate_temperature)
-                index, lam64, g_kl = _gate_kl_chunk_grads(*chunk, spec.prior_keep, grad_kl)
                 g_gate[a:b] += g_kl
-                g_comp.index_add_(0, index, lam64)
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
         return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
 
@@ -280,18 +283,19 @@ def _full_moments(th, wid, means, log_stds, log_mix, spec, second):
 
 
 def _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds):
-    """Scatter the gradients of certified weights onto μ_{k*} (and log σ_{k*} when Var is used):
-    ∂θ^avg/∂μ_{k*} = λ̃; with Var = λ̃ (μ² + σ²) − (λ̃ μ)² also ∂Var/∂μ = 2 λ̃ μ (1 − λ̃), ∂Var/∂log σ = 2 λ̃ σ².
-    Uncertain weights contribute zero here (their gradients come from the full path)."""
+    """The (accumulator, index, values) sums that scatter the certified weights' gradients onto μ_{k*} (and
+    log σ_{k*} when Var is used), for :func:`~sqs_core._index_add.index_add_all`: ∂θ^avg/∂μ_{k*} = λ̃; with
+    Var = λ̃ (μ² + σ²) − (λ̃ μ)² also ∂Var/∂μ = 2 λ̃ μ (1 − λ̃), ∂Var/∂log σ = 2 λ̃ σ². Uncertain weights
+    contribute zero here (their gradients come from the full path)."""
     g_means, g_log_stds, _ = param_grads
     on = torch.where(cert, lam, lam.new_zeros(()))
-    dm = gm * on
+    dm, sums = gm * on, []
     if gv is not None:
         gv = gv * on
         dm = dm + 2 * gv * m * (1 - lam)
         var = torch.exp(2 * log_stds.detach().reshape(-1).index_select(0, flat))
-        g_log_stds.index_add_(0, flat, (2 * gv * var).double())
-    g_means.index_add_(0, flat, dm.double())
+        sums.append((g_log_stds, flat, (2 * gv * var).double()))
+    return [*sums, (g_means, flat, dm.double())]
 
 
 def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, theta, spec, gm, gv, lam):
