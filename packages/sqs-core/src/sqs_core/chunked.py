@@ -335,24 +335,14 @@ def recomputed_grads(param_grads, g_theta, where, leaves, th, evaluate, gm, gv, 
     return m.detach(), (s.detach() if s is not None else None)
 
 
-def posterior_moments(
-    theta,
-    gate_logits,
-    means,
-    log_stds,
-    mixing_logits,
-    mask,
-    window_ids,
-    spec,
-    second,
-    window_ranges=None,
-    component_kl=None,
-):
-    """Differentiable (θ^avg, Var or empty, k*, gate KL) for flat inputs; see :class:`_PosteriorMoments`.
+def posterior_moments(flat, spec, second, window_ranges=None, component_kl=None):
+    """Differentiable (θ^avg, Var or empty, k*, gate KL) for ``flat`` = (θ, s̃, μ, log σ, mixing logits, mask,
+    window ids), the weights' tensors flat; see :class:`_PosteriorMoments`.
     ``window_ranges`` (W, 2): each window's smallest and largest θ, when the caller caches them.
     ``component_kl`` (W, K), KL(N(μ_wk, σ_wk²)‖N(0, σ_0²)): the gate KL of eq. approx_elbo (see
     :func:`sqs_core._gate_kl.gate_kl`, with ``spec.prior_keep``) is summed in the same passes over the
     weights, at the k* this forward finds, and its gradients join the same backward; None: it is 0."""
+    theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids = flat
     function: type[torch.autograd.Function] = _PosteriorMoments
     if spec.compiled:
         from ._fused import FusedPosteriorMoments  # torch.compile machinery only when asked for

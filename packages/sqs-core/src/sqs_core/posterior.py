@@ -126,19 +126,11 @@ class SpikeGMMPosterior(nn.Module):
         likelihood. Memory-lean (chunked, recomputed in backward); caches k* for :meth:`kl`. With gradients
         on it also sums the gate KL in the same passes, for the next :meth:`kl` call."""
         with_kl = torch.is_grad_enabled() and self.gate_logits.requires_grad
-        mean, var, kstar, kl = posterior_moments(
-            self.weight.reshape(-1),
-            self.gate_logits.reshape(-1),
-            self.means,
-            self.log_stds,
-            self.mixing_logits,
-            self.mask.reshape(-1),
-            self.window_ids.reshape(-1),
-            self.spec(),
-            second,
-            self._window_ranges(),
-            self.component_kl() if with_kl else None,
-        )
+        weights = (self.weight, self.gate_logits)
+        flat = (*(t.reshape(-1) for t in weights), self.means, self.log_stds, self.mixing_logits)
+        flat = (*flat, self.mask.reshape(-1), self.window_ids.reshape(-1))
+        component_kl = self.component_kl() if with_kl else None
+        mean, var, kstar, kl = posterior_moments(flat, self.spec(), second, self._window_ranges(), component_kl)
         self._kstar = kstar
         self._pending_kl = (kl, self._kl_key()) if with_kl else None
         shape = self.weight.shape
