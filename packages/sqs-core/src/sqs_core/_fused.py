@@ -43,6 +43,7 @@ from .chunked import (
     _chunk_ranges,
     _gate_probs,
     _uncovered_chunks,
+    _variance,
     kl_accumulator,
     kl_grad,
 )
@@ -104,7 +105,7 @@ def _moments_second(
     flat = _flat(window_ids, kstar, k)
     s = m * m + torch.exp(2 * log_stds[flat])
     kl = None if kl_table is None else _kl_sum(gate_logits, mask, flat, kl_table, tau, log_keep, log_drop)
-    return lam * m, (lam * s - (lam * m) ** 2 + (1 - lam) * spike_var).clamp_min(0), kstar, certified, kl
+    return lam * m, _variance(lam, m, s, spike_var), kstar, certified, kl
 
 
 def _one_hot_backward(
@@ -171,7 +172,7 @@ def _kl_sum(gate_logits, mask, flat, component_kl, tau, log_keep, log_drop):
 
 
 def _gate_kl_backward(gate_logits, mask, window_ids, kstar, component_kl, tau, k, prior_logit, grad):
-    """(flat index, λ̃ as float64, ∂KL/∂s̃) of one chunk, as chunked._gate_kl_chunk_grads (``prior_logit``
+    """(flat index, λ̃ as float64, ∂KL/∂s̃) of one chunk, as _gate_kl._gate_kl_chunk_grads (``prior_logit``
     None: no Bernoulli term)."""
     scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
     flat = _flat(window_ids, kstar, k)
@@ -299,12 +300,12 @@ class FusedPosteriorMoments(torch.autograd.Function):
 
 
 def gate_kl_total(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep):
-    """chunked._gate_kl_total as one kernel over all T weights (float64 sum)."""
+    """_gate_kl._gate_kl_total as one kernel over all T weights (float64 sum)."""
     args = (component_kl.reshape(-1), _scalar(gate_temperature), component_kl.shape[1], *_prior_logs(prior_keep))
     return KERNELS["_gate_kl_sum"](gate_logits, mask, window_ids, kstar, *args)
 
 
 def gate_kl_chunk_grads(gate_logits, component_kl, mask, window_ids, kstar, tau, prior_keep, grad):
-    """chunked._gate_kl_chunk_grads as one kernel."""
+    """_gate_kl._gate_kl_chunk_grads as one kernel."""
     args = (component_kl.reshape(-1), _scalar(tau), component_kl.shape[1], _prior_logit(prior_keep), grad)
     return KERNELS["_gate_kl_backward"](gate_logits, mask, window_ids, kstar, *args)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
 from ._index_add import index_add_all
-from .chunked import _gate_probs, recomputed_grads
+from .chunked import _gate_probs, _variance, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
 
 __all__ = ["KERNELS", "block_gradients", "full_block", "nearby_block", "unpack_blocks"]
@@ -41,8 +41,8 @@ def _full_columns(th, mu, log_std, log_mix, temperature, kind, second):
 
 
 def _nearby_columns(th, mu, inv_std, const, total_mu, total_sq, lumped_count, temperature):
-    """:func:`_nearby_rows` on gathered (NEARBY, n) columns (the recomputation in backward, whose gradients
-    reach the columns, hence the parameters through their eager gathers)."""
+    """:func:`_nearby_rows` on gathered (NEARBY, n) columns: the recomputation in backward (:func:`_nearby_vjp`),
+    whose column gradients the caller sums into the (W, K) tables."""
     return _nearby_rows(
         th, mu.unbind(0), inv_std.unbind(0), const.unbind(0), total_mu, total_sq, lumped_count, temperature
     )
@@ -104,11 +104,15 @@ def _nearby_forward(u, bins, theta, gate_logits, mask, window_ids, kstar, nearby
     for c in range(1, len(flat)):
         best = torch.where(pos == c, flat[c], best)
     lam = _gate_probs(gate_logits[u], mask[u], tau)[2]
-    var = None if s is None else (lam * s - (lam * m) ** 2 + (1 - lam) * spike_var).clamp_min(0)
-    correction = None
-    if kl_table is not None:  # the certified kernel summed the KL at the bin's choice; this weight's k* may differ
-        correction = (lam * (kl_table[best] - kl_table[wid * k + kstar[u].long()])).sum(dtype=torch.float64)
+    var = None if s is None else _variance(lam, m, s, spike_var)
+    correction = None if kl_table is None else _kl_correction(kl_table, best, wid * k + kstar[u].long(), lam)
     return lam * m, var, (best - wid * k).to(torch.uint8), correction
+
+
+def _kl_correction(kl_table, flat, flat_before, lam):
+    """Σ λ̃ (KL at ``flat`` − KL at ``flat_before``) in float64: the certified kernel summed each weight's gate
+    KL at its bin's choice of component (``flat_before``), an uncovered weight's k* (``flat``) may differ."""
+    return (lam * (kl_table[flat] - kl_table[flat_before])).sum(dtype=torch.float64)
 
 
 def _nearby_inputs(u, bins, theta, gate_logits, mask, window_ids, grad_mean, grad_var, nearby, tau):
@@ -194,12 +198,11 @@ def full_block(u, inputs, log_mix, spec, second, kl_table):
     wid = window_ids[u].long()
     m, s, levels = _full_eval(theta[u], wid, means, log_stds, log_mix, spec, second)
     lam = _gate_probs(gate_logits[u], mask[u], spec.gate_temperature)[2]
-    var = None if s is None else (lam * s - (lam * m) ** 2 + (1 - lam) * spec.spike_variance).clamp_min(0)
-    correction = None
-    if kl_table is not None:  # as in _nearby_forward
-        k = means.shape[1]
-        diff = kl_table.index_select(0, wid * k + levels.long()) - kl_table.index_select(0, wid * k + kstar[u].long())
-        correction = (lam * diff).sum(dtype=torch.float64)
+    var = None if s is None else _variance(lam, m, s, spec.spike_variance)
+    base = wid * means.shape[1]
+    correction = (
+        None if kl_table is None else _kl_correction(kl_table, base + levels.long(), base + kstar[u].long(), lam)
+    )
     return lam * m, var, levels, correction
 
 
@@ -231,7 +234,7 @@ def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearb
 
 
 def _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec):
-    """:func:`_block_gradients` of a block in lumpable bins: its inputs gathered by one kernel, its columns of
+    """:func:`block_gradients` of a block in lumpable bins: its inputs gathered by one kernel, its columns of
     the (W, K) tables by ``index_select``, values and gradients by one :func:`_nearby_vjp` kernel; the column
     gradients are summed into the tables by ``index_add_`` and taken through the small graph
     tables ← (μ, log σ, mixing logits) by autograd."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunked import _chunk_ranges, _gate_kl_chunk_grads, _gate_kl_chunk_sum
+from .chunked import _chunk_ranges, _flat_index, _gate_probs, _kl_gate_grads, _kl_terms_sum
 
 __all__ = ["gate_kl"]
 
@@ -60,6 +60,23 @@ def _gate_kl_total(gate_logits, component_kl, mask, window_ids, kstar, gate_temp
         chunk = (gate_logits[a:b], component_kl, mask[a:b], window_ids[a:b], kstar[a:b])
         total += _gate_kl_chunk_sum(*chunk, gate_temperature, prior_keep)
     return total
+
+
+def _gate_kl_chunk_sum(gate_logits, component_kl, mask, window_ids, kstar, tau, prior_keep):
+    """One chunk's Σ_i λ̃_i KL_{w_i,k*_i} + Σ_i KL(Bern(λ̃_i)‖Bern(λ)) in float64: :func:`_kl_terms_sum`."""
+    w_count, k = component_kl.shape
+    scaled, _, lam = _gate_probs(gate_logits, mask, tau)
+    ck = component_kl.reshape(-1).index_select(0, _flat_index(window_ids, kstar, w_count, k))
+    return _kl_terms_sum(scaled, lam, mask, ck, prior_keep)
+
+
+def _gate_kl_chunk_grads(gate_logits, component_kl, mask, window_ids, kstar, tau, prior_keep, grad):
+    """One chunk's (flat index w·K + k*, λ̃ as float64, ∂KL/∂s̃): :func:`_kl_gate_grads`."""
+    w_count, k = component_kl.shape
+    scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
+    index = _flat_index(window_ids, kstar, w_count, k)
+    ck = component_kl.reshape(-1).index_select(0, index)
+    return index, lam.double(), _kl_gate_grads(scaled, lam_raw, lam, ck, tau, prior_keep, grad)
 
 
 def gate_kl(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep, *, compiled=False):

@@ -120,15 +120,15 @@ class _PosteriorMoments(torch.autograd.Function):
                 m[u], s_u, ks[u] = moments
                 if s is not None:
                     s[u] = s_u
+            scaled, _, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
             if component_kl is not None:
-                chunk = (gate_logits[a:b], component_kl, mask[a:b], wid, ks)
-                kl += _gate_kl_chunk_sum(*chunk, spec.gate_temperature, spec.prior_keep)
-            lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)[2]
+                ck = component_kl.reshape(-1).index_select(0, _flat_index(wid, ks, means.shape[0], k))
+                kl += _kl_terms_sum(scaled, lam, mask[a:b], ck, spec.prior_keep)
             mean[a:b] = lam * m
             kstar[a:b] = ks
             certified[a:b] = cert
             if s is not None:
-                var[a:b] = (lam * s - (lam * m) ** 2 + (1 - lam) * spec.spike_variance).clamp_min(0)
+                var[a:b] = _variance(lam, m, s, spec.spike_variance)
         saved = (theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified)
         ctx.save_for_backward(*saved)
         ctx.spec, ctx.second, ctx.table = spec, second, table
@@ -149,15 +149,15 @@ class _PosteriorMoments(torch.autograd.Function):
         num_windows, k = means.shape
         for a, b in _chunk_ranges(theta.numel(), 1):
             wid = window_ids[a:b]
-            _, lam_raw, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
+            scaled, lam_raw, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
             gm, gv = grad_mean[a:b], (grad_var[a:b] if second else None)
             flat, cert = _flat_index(wid, kstar[a:b], num_windows, k), certified[a:b]
             m, s = _one_hot_moments(flat, means, log_stds, second)
             sums = _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds)
             if g_comp is not None:
-                chunk = (gate_logits[a:b], component_kl, mask[a:b], wid, kstar[a:b], spec.gate_temperature)
-                index, lam64, g_kl = _gate_kl_chunk_grads(*chunk, spec.prior_keep, grad_kl)
-                sums.append((g_comp, index, lam64))
+                ck = component_kl.reshape(-1).index_select(0, flat)
+                g_kl = _kl_gate_grads(scaled, lam_raw, lam, ck, spec.gate_temperature, spec.prior_keep, grad_kl)
+                sums.append((g_comp, flat, lam.double()))
             index_add_all(sums)
             for u, bins in _uncovered_chunks(theta[a:b], wid, cert, ctx.table, k):
                 block = _Uncovered(a, u, wid[u].long(), bins, ctx.table)
@@ -177,6 +177,12 @@ def _gate_probs(gate_logits: torch.Tensor, mask: torch.Tensor, gate_temperature:
     scaled = gate_logits / gate_temperature
     lam_raw = torch.sigmoid(scaled)
     return scaled, lam_raw, torch.where(mask, lam_raw, lam_raw.new_zeros(()))  # no float copy of the mask
+
+
+def _variance(lam, m, s, spike_variance):
+    """Var_q(θ̃) = λ̃ s − (λ̃ m)² + (1 − λ̃) σ_0² for the spike-and-GMM posterior with m = Σ_k φ_k μ_k and
+    s = Σ_k φ_k (μ_k² + σ_k²), clamped at 0 against rounding."""
+    return (lam * s - (lam * m) ** 2 + (1 - lam) * spike_variance).clamp_min(0)
 
 
 def _flat_index(window_ids: torch.Tensor, levels: torch.Tensor, num_windows: int, k: int) -> torch.Tensor:
@@ -368,26 +374,19 @@ def kl_grad(component_kl, g_comp, grad_kl):
     return (grad_kl * g_comp).to(component_kl.dtype).reshape(component_kl.shape)
 
 
-def _gate_kl_chunk_sum(gate_logits, component_kl, mask, window_ids, kstar, tau, prior_keep):
-    """One chunk's Σ_i λ̃_i KL_{w_i,k*_i} + Σ_i KL(Bern(λ̃_i)‖Bern(λ)) in float64 (the Bernoulli term
-    unless ``prior_keep`` is None; a gate the schedule forced to zero has λ̃ = 0 and the constant
-    −log(1 − λ))."""
-    w_count, k = component_kl.shape
-    scaled, _, lam = _gate_probs(gate_logits, mask, tau)
-    ck = component_kl.reshape(-1).index_select(0, _flat_index(window_ids, kstar, w_count, k))
+def _kl_terms_sum(scaled, lam, mask, ck, prior_keep):
+    """Σ_i λ̃_i KL_{w_i,k*_i} + Σ_i KL(Bern(λ̃_i)‖Bern(λ)) in float64 from ℓ = s̃/τ', the masked λ̃ and each
+    weight's component KL ``ck`` (the Bernoulli term unless ``prior_keep`` is None; a gate the schedule
+    forced to zero has λ̃ = 0 and the constant −log(1 − λ))."""
     total = (lam * ck).sum(dtype=torch.float64)
     if prior_keep is not None:
         total += torch.where(mask, bernoulli_kl(scaled, prior_keep), -math.log1p(-prior_keep)).sum(dtype=torch.float64)
     return total
 
 
-def _gate_kl_chunk_grads(gate_logits, component_kl, mask, window_ids, kstar, tau, prior_keep, grad):
-    """One chunk's (flat index w·K + k*, λ̃ as float64, ∂KL/∂s̃)."""
-    w_count, k = component_kl.shape
+def _kl_gate_grads(scaled, lam_raw, lam, ck, tau, prior_keep, grad):
+    """∂KL/∂s̃ = (KL_{w,k*} + ℓ − logit λ) λ̃ (1 − λ̃)/τ' times the incoming ``grad``, from ℓ, the raw and masked
+    λ̃ and each weight's component KL ``ck`` (no ℓ − logit λ when ``prior_keep`` is None)."""
     prior_logit = 0.0 if prior_keep is None else math.log(prior_keep) - math.log1p(-prior_keep)
-    scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
-    index = _flat_index(window_ids, kstar, w_count, k)
-    dkl_dlam = component_kl.reshape(-1).index_select(0, index) + (
-        (scaled - prior_logit) if prior_keep is not None else 0.0
-    )
-    return index, lam.double(), dkl_dlam * lam * (1 - lam_raw) * (grad / tau)
+    dkl_dlam = ck + ((scaled - prior_logit) if prior_keep is not None else 0.0)
+    return dkl_dlam * lam * (1 - lam_raw) * (grad / tau)

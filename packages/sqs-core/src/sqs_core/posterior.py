@@ -165,18 +165,9 @@ class SpikeGMMPosterior(nn.Module):
         kstar = self._kstar
         if kstar is None or kstar.numel() != self.weight.numel():
             kstar = self.greedy_levels().reshape(-1)
-        prior = self.config.prior
-        keep = prior.keep_prob if isinstance(prior, SpikeSlabPrior) else None
-        return gate_kl(
-            self.gate_logits.reshape(-1),
-            self.component_kl(),
-            self.mask.reshape(-1),
-            self.window_ids.reshape(-1),
-            kstar,
-            float(self.gate_temperature),
-            keep,
-            compiled=self.config.compile_kernels,
-        )
+        spec = self.spec()
+        flat = (self.gate_logits.reshape(-1), self.component_kl(), self.mask.reshape(-1), self.window_ids.reshape(-1))
+        return gate_kl(*flat, kstar, spec.gate_temperature, spec.prior_keep, compiled=spec.compiled)
 
     def _kl_key(self) -> tuple:
         """What the gate KL depends on besides k*: a forward's KL is current while this is unchanged."""
