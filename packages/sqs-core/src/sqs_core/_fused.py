@@ -11,7 +11,7 @@ weights: λ̃ = sigmoid(s̃/τ') (eq. lambda-prime), the one-hot certificate (:m
 * moments backward: gate, one-hot gradients, the gate KL's gradients, ∂/∂s̃: one kernel per chunk of
   CHUNK_ELEMENTS weights;
 * the weights the certificate does not cover (sqs_core._fused_uncovered): in forward, a block of weights in
-  lumpable bins is one kernel that gathers its inputs, looks up its bins' NEARBY components and evaluates
+  lumpable bins is one kernel that gathers its inputs, looks up its bins' 4 or 8 nearby components and evaluates
   φ with the loop over components unrolled; the other uncovered weights, φ on all K with the components
   along the first dimension so that the reductions over k vectorise along the weights. Backward recomputes
   both from eagerly gathered columns, values and gradients by AOTAutograd;
@@ -258,13 +258,14 @@ class FusedPosteriorMoments(torch.autograd.Function):
         mean, var, kstar, certified, kl = _certified_moments(
             theta, gate_logits, mask, window_ids, log_stds, table, spec, second, component_kl
         )
-        blocks = [b for b in _uncovered_chunks(theta, window_ids, certified, table, means.shape[1]) if b[0].numel()]
+        blocks = list(_uncovered_chunks(theta, window_ids, certified, table, means.shape[1]))
         inputs = (theta, gate_logits, means, log_stds, mask, window_ids, kstar)
         kl_table = None if component_kl is None else component_kl.detach().reshape(-1)
-        for u, bins in blocks:
+        for u, bins, width in blocks:
             if bins is not None:
+                nearby = table.nearby[:, :width]
                 mean_u, var_u, levels, correction = nearby_block(
-                    u, bins, inputs, table, log_mix, spec, second, kl_table
+                    u, bins, inputs, nearby, log_mix, spec, second, kl_table
                 )
             else:
                 mean_u, var_u, levels, correction = full_block(u, inputs, log_mix, spec, second, kl_table)
@@ -275,8 +276,8 @@ class FusedPosteriorMoments(torch.autograd.Function):
                 var[u] = var_u
         saved = (theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified)
         # the blocks' indices and bins as saved tensors too, so that autograd frees them after backward
-        ctx.save_for_backward(*saved, table.nearby, *(t for block in blocks for t in block if t is not None))
-        ctx.spec, ctx.second, ctx.near = spec, second, [bins is not None for _, bins in blocks]
+        ctx.save_for_backward(*saved, table.nearby, *(t for u, bins, _ in blocks for t in (u, bins) if t is not None))
+        ctx.spec, ctx.second, ctx.widths = spec, second, [width for _, _, width in blocks]
         ctx.mark_non_differentiable(kstar)
         return mean, var, kstar, (theta.new_zeros(()) if kl is None else kl.to(theta.dtype))
 
@@ -285,7 +286,7 @@ class FusedPosteriorMoments(torch.autograd.Function):
         theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified, *rest = (
             ctx.saved_tensors
         )
-        nearby, blocks = rest[0], unpack_blocks(rest[1:], ctx.near)
+        nearby, blocks = rest[0], unpack_blocks(rest[1:], ctx.widths)
         spec, gv, g_comp = ctx.spec, (grad_var if ctx.second else None), kl_accumulator(component_kl, grad_kl)
         leaves = [p.detach().requires_grad_() for p in (means, log_stds, mixing_logits)]
         param_grads = [torch.zeros(p.numel(), dtype=torch.float64, device=p.device) for p in leaves]
@@ -293,8 +294,8 @@ class FusedPosteriorMoments(torch.autograd.Function):
         one_hot = (gate_logits, mask, window_ids, kstar, certified, means, log_stds, component_kl, grad_mean, gv)
         g_gate = _one_hot_gradients(param_grads, g_comp, *one_hot, grad_kl, spec)
         inputs = (theta, gate_logits, mask, window_ids, grad_mean, gv)
-        for u, bins in blocks:  # the uncovered weights: recomputed with a graph, as in chunked
-            block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec)
+        for u, bins, width in blocks:  # the uncovered weights: recomputed with a graph, as in chunked
+            block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby[:, :width], spec)
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
         return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
 

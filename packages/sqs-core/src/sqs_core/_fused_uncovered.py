@@ -1,9 +1,10 @@
 """The compiled path (sqs_core._fused) for the weights the one-hot certificate does not cover.
 
-Kernel bodies, each compiled once (``KERNELS``, counted into ``_fused.KERNELS``): the full (K, n)
-evaluation; the NEARBY-component evaluation with the loop over components unrolled; the forward of a block
-of weights in lumpable bins, which gathers its own inputs; backward's input gathering and its
-``torch.func.vjp`` recomputation. And the per-block glue FusedPosteriorMoments calls: ``nearby_block`` and
+Kernel bodies, each compiled once (``KERNELS``, counted into ``_fused.KERNELS``; a graph per width in
+onehot.NEARBY_WIDTHS where they unroll a loop over components): the full (K, n) evaluation; the evaluation
+on a bin's nearby components with the loop over components unrolled; the forward of a block of weights in
+lumpable bins, which gathers its own inputs; backward's input gathering and its ``torch.func.vjp``
+recomputation. And the per-block glue FusedPosteriorMoments calls: ``nearby_block`` and
 ``full_block`` in forward, ``block_gradients`` in backward (``unpack_blocks`` rebuilds the blocks from the
 saved tensors).
 """
@@ -41,7 +42,7 @@ def _full_columns(th, mu, log_std, log_mix, temperature, kind, second):
 
 
 def _nearby_columns(th, mu, inv_std, const, total_mu, total_sq, lumped_count, temperature):
-    """:func:`_nearby_rows` on gathered (NEARBY, n) columns: the recomputation in backward (:func:`_nearby_vjp`),
+    """:func:`_nearby_rows` on gathered (width, n) columns: the recomputation in backward (:func:`_nearby_vjp`),
     whose column gradients the caller sums into the (W, K) tables."""
     return _nearby_rows(
         th, mu.unbind(0), inv_std.unbind(0), const.unbind(0), total_mu, total_sq, lumped_count, temperature
@@ -49,7 +50,7 @@ def _nearby_columns(th, mu, inv_std, const, total_mu, total_sq, lumped_count, te
 
 
 def _nearby_rows(th, mu, inv_std, const, total_mu, total_sq, lumped_count, temperature):
-    """chunked._nearby_moments on NEARBY rows (n,) each of μ_c, 1/σ_c and ``const`` = log π_c − log σ_c − ½ log 2π:
+    """chunked._nearby_moments on width rows (n,) each of μ_c, 1/σ_c and ``const`` = log π_c − log σ_c − ½ log 2π:
     φ_c of the nearby components and one φ_l shared by the L = ``lumped_count`` lumped ones; ``total_mu``,
     ``total_sq``: Σ_k μ_k, Σ_k (μ_k² + σ_k²) of each weight's window (``total_sq`` None: no s). Each stage's
     exponentials are taken once and normalised by their sum (26 per weight; the log-sum-exps of the eager code
@@ -91,7 +92,7 @@ def _fold(op, rows):
 
 def _nearby_forward(u, bins, theta, gate_logits, mask, window_ids, kstar, nearby, tables, totals, scalars, kl_table):
     """θ^avg, Var or None, k* and the gate-KL correction (or None) of the uncovered weights ``u`` in lumpable bins
-    ``bins``: their inputs gathered, their bins' NEARBY components looked up in the (W·K,) ``tables``
+    ``bins``: their inputs gathered, their bins' nearby components looked up in the (W·K,) ``tables``
     (μ, 1/σ, log π − log σ − ½ log 2π) and :func:`_nearby_rows`, in one kernel (the forward needs no graph).
     ``totals``: (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: L, τ, τ', K, σ_0²."""
     lumped, temperature, tau, k, spike_var = scalars
@@ -118,7 +119,7 @@ def _kl_correction(kl_table, flat, flat_before, lam):
 def _nearby_inputs(u, bins, theta, gate_logits, mask, window_ids, grad_mean, grad_var, nearby, tau):
     """What backward's recomputation of the uncovered weights ``u`` in lumpable bins ``bins`` needs, gathered
     in one kernel: θ, window (int64), λ̃ (masked), λ̃ (raw), ∂L/∂θ^avg, ∂L/∂Var (or None) and the
-    (NEARBY, n) flat indices of their bins' nearby components."""
+    (width, n) flat indices of their bins' nearby components."""
     _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
     flat = torch.stack([nearby[:, c][bins] for c in range(nearby.shape[1])])
     gv = None if grad_var is None else grad_var[u]
@@ -126,7 +127,7 @@ def _nearby_inputs(u, bins, theta, gate_logits, mask, window_ids, grad_mean, gra
 
 
 def _nearby_vjp(th, mu, inv_std, const, total_mu, total_sq, gm, gv, lam, lam_raw, scalars):
-    """Backward of uncovered weights on gathered (NEARBY, n) columns in one kernel: θ^avg (and Var)
+    """Backward of uncovered weights on gathered (width, n) columns in one kernel: θ^avg (and Var)
     recomputed and differentiated by ``torch.func.vjp`` with cotangents ∂L/∂θ^avg·λ̃ − 2 ∂L/∂Var·λ̃² m and
     ∂L/∂Var·λ̃ (Var = λ̃ s − (λ̃ m)² + ...), so no intermediate leaves the kernel (AOTAutograd would store
     them between its forward and backward graphs). Returns (the moments' part of ∂/∂s̃, ∂/∂θ, ∂/∂ of the
@@ -174,13 +175,14 @@ def _level_sq_totals(means, log_stds):
     return (means * means + torch.exp(2 * log_stds)).sum(-1)
 
 
-def nearby_block(u, bins, inputs, table, log_mix, spec, second, kl_table):
-    """:func:`_nearby_forward` for one block: (θ^avg, Var or None, k*, KL correction or None)."""
+def nearby_block(u, bins, inputs, nearby, log_mix, spec, second, kl_table):
+    """:func:`_nearby_forward` for one block whose bins take the (B, width) components ``nearby``:
+    (θ^avg, Var or None, k*, KL correction or None)."""
     theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
     k = means.shape[1]
     tables = [t.detach().reshape(-1) for t in _nearby_tables(means, log_stds, log_mix)]
     totals = (means.detach().sum(-1), _level_sq_totals(means, log_stds).detach() if second else None)
-    lumped = float(k - table.nearby.shape[1])
+    lumped = float(k - nearby.shape[1])
     scalars = (
         _scalar(lumped),
         _scalar(spec.temperature),
@@ -188,7 +190,7 @@ def nearby_block(u, bins, inputs, table, log_mix, spec, second, kl_table):
         k,
         _scalar(spec.spike_variance),
     )
-    args = (theta, gate_logits, mask, window_ids, kstar, table.nearby, tables, totals, scalars, kl_table)
+    args = (theta, gate_logits, mask, window_ids, kstar, nearby, tables, totals, scalars, kl_table)
     return KERNELS["_nearby_forward"](u, bins, *args)
 
 
@@ -206,12 +208,13 @@ def full_block(u, inputs, log_mix, spec, second, kl_table):
     return lam * m, var, levels, correction
 
 
-def unpack_blocks(tensors, near):
-    """[(u, bins or None)] from the flat saved tensors: two per nearby block, one per full block."""
+def unpack_blocks(tensors, widths):
+    """[(u, bins or None, width)] from the flat saved tensors: two per nearby block (``width`` > 0), one per
+    full block."""
     blocks, items = [], iter(tensors)
-    for is_near in near:
+    for width in widths:
         u = next(items)
-        blocks.append((u, next(items) if is_near else None))
+        blocks.append((u, next(items) if width else None, width))
     return blocks
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ._index_add import index_add_all
 from .mixture import PAPER_CLAMP, bernoulli_kl, component_log_density, log_responsibilities
-from .onehot import NEARBY, BinTable, bin_index, bin_table, certify_one_hot, owns_bin
+from .onehot import NEARBY_WIDTHS, BinTable, bin_index, bin_table, certify_one_hot, owns_bin
 
 __all__ = [
     "PosteriorSpec",
@@ -81,9 +81,10 @@ def certified_levels(theta, window_ids, means, log_stds, mixing_logits, kind, te
 
 @torch.no_grad()
 def uncertain_log_responsibilities(theta, window_ids, certified, means, log_stds, mixing_logits, kind, temperature):
-    """Yield ``(flat index (n,), log φ (n, K))`` blocks covering the weights that are not certified."""
+    """Yield ``(flat index (n,), log φ (n, K))`` blocks covering the weights that are not certified,
+    CHUNK_ELEMENTS // K at a time."""
     log_mix = F.log_softmax(mixing_logits, dim=-1)
-    for index in _uncertain_chunks(certified, means.shape[1]):
+    for index in torch.split((~certified).nonzero().squeeze(1), max(1, CHUNK_ELEMENTS // means.shape[1])):
         wid = window_ids[index].long()
         yield index, _log_phi_rows(theta[index], wid, means, log_stds, log_mix, kind, temperature)
 
@@ -92,8 +93,8 @@ class _PosteriorMoments(torch.autograd.Function):
     """θ^avg_i = λ̃_i Σ_k φ_ik μ_k and (optionally) Var_q(θ̃_i); also k*_i = argmax_k φ_ik.
 
     Weights certified one-hot (:mod:`sqs_core.onehot`) cost O(1) each: θ^avg = λ̃ μ_{k*}, and their
-    gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest are evaluated on their bin's
-    NEARBY components plus one lumped term where the paper's formula allows it exactly, else on all K;
+    gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest are evaluated on their bin's 4 or 8
+    nearby components plus one lumped term where the paper's formula allows it exactly, else on all K;
     both recomputed in backward. Windows are handled by gathering each weight's row of (W, K) parameters.
     With ``component_kl`` the gate KL (eq. approx_elbo) at these k* is summed in the same chunk loop and
     its gradients, ∂/∂s̃ and Σ λ̃ per component, are added in the same backward loop: one autograd node
@@ -115,8 +116,9 @@ class _PosteriorMoments(torch.autograd.Function):
             th, wid = theta[a:b], window_ids[a:b]
             ks, m, cert = certify_one_hot(th, wid, table)
             s = _level_second_moment(m, _flat_index(wid, ks, means.shape[0], k), log_stds) if second else None
-            for u, bins in _uncovered_chunks(th, wid, cert, table, k):
-                moments = _uncovered_moments(th[u], wid[u].long(), bins, table, means, log_stds, log_mix, spec, second)
+            for u, bins, width in _uncovered_chunks(th, wid, cert, table, k):
+                nearby = bin_components(table, bins, width)
+                moments = _uncovered_moments(th[u], wid[u].long(), nearby, means, log_stds, log_mix, spec, second)
                 m[u], s_u, ks[u] = moments
                 if s is not None:
                     s[u] = s_u
@@ -159,8 +161,8 @@ class _PosteriorMoments(torch.autograd.Function):
                 g_kl = _kl_gate_grads(scaled, lam_raw, lam, ck, spec.gate_temperature, spec.prior_keep, grad_kl)
                 sums.append((g_comp, flat, lam.double()))
             index_add_all(sums)
-            for u, bins in _uncovered_chunks(theta[a:b], wid, cert, ctx.table, k):
-                block = _Uncovered(a, u, wid[u].long(), bins, ctx.table)
+            for u, bins, width in _uncovered_chunks(theta[a:b], wid, cert, ctx.table, k):
+                block = _Uncovered(a, u, wid[u].long(), bin_components(ctx.table, bins, width))
                 m[u], s_u = _full_grads(param_grads, g_theta, block, leaves, theta, spec, gm[u], gv, lam[u])
                 if s is not None:
                     s[u] = s_u
@@ -191,11 +193,6 @@ def _flat_index(window_ids: torch.Tensor, levels: torch.Tensor, num_windows: int
     return flat if num_windows == 1 else flat.add_(window_ids.long() * k)
 
 
-def _uncertain_chunks(certified: torch.Tensor, num_components: int) -> Iterator[torch.Tensor]:
-    """Local indices of the weights that were not certified, CHUNK_ELEMENTS // K at a time."""
-    yield from torch.split((~certified).nonzero().squeeze(1), max(1, CHUNK_ELEMENTS // num_components))
-
-
 @dataclass(frozen=True)
 class _Uncovered:
     """A chunk of weights the certificate did not cover: local indices ``u`` of the chunk starting at ``a``."""
@@ -203,51 +200,62 @@ class _Uncovered:
     a: int
     u: torch.Tensor
     wid: torch.Tensor  # int64 window of each
-    bins: torch.Tensor | None  # the bins of weights evaluated on their bin's NEARBY components; None: all K
-    table: BinTable
+    nearby: torch.Tensor | None  # (n, width) flat indices of the components each is evaluated on; None: all K
 
 
 def _uncovered_chunks(
     th, wid, certified, table: BinTable, k: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
-    """(local indices, their bins or None) of the weights that were not certified: those in a lumpable bin
-    of their own window take the NEARBY-component path (CHUNK_ELEMENTS // NEARBY at a time; their bins
-    come along), the rest all K (None)."""
+) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, int]]:
+    """(local indices, their bins or None, width) of the weights that were not certified, in non-empty
+    blocks: those in a lumpable bin of their own window take the nearby-component path, grouped by their
+    bin's width w in NEARBY_WIDTHS (CHUNK_ELEMENTS // w at a time; their bins come along), the rest all K
+    (None, 0)."""
     uncovered = (~certified).nonzero().squeeze(1)
     if uncovered.numel() and table.any_lumpable:
         b = bin_index(th[uncovered], table)
-        near = table.lumpable.index_select(0, b) & owns_bin(table, b, wid[uncovered])
-        step = max(1, CHUNK_ELEMENTS // NEARBY)
-        yield from zip(torch.split(uncovered[near], step), torch.split(b[near], step), strict=True)
-        uncovered = uncovered[~near]
+        width = table.near_width.index_select(0, b)
+        owned = owns_bin(table, b, wid[uncovered])
+        if isinstance(owned, torch.Tensor):  # several windows: a bin of another window's weights is no help
+            width.masked_fill_(~owned, 0)
+        for w in NEARBY_WIDTHS:
+            near, step = width == w, max(1, CHUNK_ELEMENTS // w)
+            for u, bins in zip(torch.split(uncovered[near], step), torch.split(b[near], step), strict=True):
+                if u.numel():
+                    yield u, bins, w
+        uncovered = uncovered[width == 0]
     for chunk in torch.split(uncovered, max(1, CHUNK_ELEMENTS // k)):
-        yield chunk, None
+        if chunk.numel():
+            yield chunk, None, 0
 
 
-def _uncovered_moments(th, wid, bins, table, means, log_stds, log_mix, spec, second):
-    """(m, s or None, k* uint8) of uncovered weights, on all K components (``bins`` None) or on their
-    bins' nearby ones."""
-    if bins is None:
+def bin_components(table: BinTable, bins: torch.Tensor | None, width: int) -> torch.Tensor | None:
+    """(n, width) flat indices of the ``width`` largest-bound components of each of ``bins`` (None: None)."""
+    return None if bins is None else table.nearby[:, :width].index_select(0, bins)
+
+
+def _uncovered_moments(th, wid, nearby, means, log_stds, log_mix, spec, second):
+    """(m, s or None, k* uint8) of uncovered weights, on all K components (``nearby`` None) or on the
+    (n, width) components ``nearby`` (:func:`bin_components`)."""
+    if nearby is None:
         m, s, log_phi = _full_moments(th, wid, means, log_stds, log_mix, spec, second)
         return m, s, log_phi.argmax(-1).to(torch.uint8)
-    nearby = table.nearby.index_select(0, bins)  # (n, NEARBY) flat indices
     return _nearby_moments(th, wid, nearby, means, log_stds, log_mix, spec, second)
 
 
 def _nearby_moments(th, wid, nearby, means, log_stds, log_mix, spec, second):
     """The paper's φ (eq. compute-phi-k) of weights whose components outside ``nearby`` all have
     e^{π N} = 1 in the working precision (:func:`~sqs_core.onehot.lump_log_density`): those
-    L = K − NEARBY components share one φ_l, as they do in the full evaluation, so
+    L = K − width components share one φ_l, as they do in the full evaluation, so
     m = Σ_c φ_c μ_c + φ_l (Σ_k μ_k − Σ_c μ_c), and likewise s with μ² + σ²."""
     k = means.shape[1]
     lumped = math.log(k - nearby.shape[1])
     mu, log_std = gather(means.reshape(-1), nearby), gather(log_stds.reshape(-1), nearby)
-    q = component_log_density(th, mu, log_std, gather(log_mix.reshape(-1), nearby))  # (n, NEARBY)
+    q = component_log_density(th, mu, log_std, gather(log_mix.reshape(-1), nearby))  # (n, width)
     a = torch.exp(q.clamp(max=PAPER_CLAMP))  # π N, clamped as in the full first stage
     log_z = torch.logsumexp(torch.cat([a, a.new_full((a.shape[0], 1), lumped)], dim=1), dim=1, keepdim=True)
     stage2 = torch.cat([torch.exp(a - log_z), torch.exp(-log_z)], dim=1) / spec.temperature  # φ'/τ
     log_s = torch.logsumexp(torch.cat([stage2[:, :-1], stage2[:, -1:] + lumped], dim=1), dim=1, keepdim=True)
-    phi = torch.exp(stage2 - log_s)  # (n, NEARBY + 1): the nearby φ_c, then each lumped component's φ_l
+    phi = torch.exp(stage2 - log_s)  # (n, width + 1): the nearby φ_c, then each lumped component's φ_l
     phi_c, phi_l = phi[:, :-1], phi[:, -1]
     m = (phi_c * mu).sum(-1) + phi_l * (gather(means.sum(-1), wid) - mu.sum(-1))
     s = None
@@ -310,7 +318,7 @@ def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, theta, spec, gm
     second, (means, log_stds, _) = gv is not None, leaves
 
     def evaluate(th_leaf, log_mix):
-        return _uncovered_moments(th_leaf, block.wid, block.bins, block.table, means, log_stds, log_mix, spec, second)
+        return _uncovered_moments(th_leaf, block.wid, block.nearby, means, log_stds, log_mix, spec, second)
 
     gv_u = gv[block.u] if second else None
     return recomputed_grads(

@@ -38,6 +38,7 @@ from .mixture import HALF_LOG_2PI, PAPER_CLAMP
 __all__ = [
     "CERTIFY_MARGIN",
     "NEARBY",
+    "NEARBY_WIDTHS",
     "BinTable",
     "bin_count",
     "bin_index",
@@ -50,6 +51,7 @@ __all__ = [
 
 CERTIFY_MARGIN = 40.0  # nats: every non-winning φ_j ≤ e^{-40} on a certified weight
 NEARBY = 8  # components an uncovered weight is evaluated on when the others are negligible (paper formula)
+NEARBY_WIDTHS = (4, NEARBY)  # a bin takes the narrowest of these that leaves only negligible components out
 
 
 def lump_log_density(dtype: torch.dtype) -> float:
@@ -77,8 +79,9 @@ class BinTable:
     best: torch.Tensor  # (B,) uint8 component j_b within the owner's K
     mean_radius: torch.Tensor  # (B, 2): μ_{j_b}, and the radius |θ − μ_{j_b}| ≤ radius that certifies (−1: none)
     several_windows: bool  # whether a weight's window must be checked against the bin's owner
-    nearby: torch.Tensor  # (B, NEARBY) flat indices w·K + k of the bin's NEARBY largest Q_bk
-    lumpable: torch.Tensor  # (B,) bool: every other component has Q_bk ≤ lump_log_density (paper formula)
+    nearby: torch.Tensor  # (B, NEARBY) flat indices w·K + k of the bin's NEARBY largest Q_bk, largest first
+    near_width: torch.Tensor  # (B,) uint8: the fewest leading ``nearby`` columns (one of NEARBY_WIDTHS) outside
+    # which every component has Q_bk ≤ lump_log_density (paper formula), 0 where even NEARBY leave some out
     any_lumpable: bool
 
 
@@ -114,12 +117,24 @@ def bin_table(
     radius = torch.where((slack >= 0) & (owner >= 0), radius, torch.full_like(radius, -1.0))
     mean_radius = torch.stack([mu.gather(1, j).squeeze(1), radius], dim=1)
     owner_u8, best_u8 = owner.to(torch.uint8), j.squeeze(1).to(torch.uint8)
-    # under the paper's formula a component whose e^{π N} rounds to 1 shares one φ with all such
-    lumpable = (owner >= 0) & (top.values[:, NEARBY] <= lump_log_density(means.dtype)) & (kind == "paper")
-    lumpable &= k > NEARBY
+    near_width = _near_widths(top.values, owner, kind, k, means.dtype)
     nearby = top.indices[:, :NEARBY].clamp(max=k - 1) + row[:, None] * k
-    several = num_windows > 1
-    return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, several, nearby, lumpable, bool(lumpable.any()))
+    several, any_lumpable = num_windows > 1, bool(near_width.any())
+    return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, several, nearby, near_width, any_lumpable)
+
+
+def _near_widths(top_values, owner, kind, k, dtype):
+    """(B,) uint8: per bin the narrowest w in NEARBY_WIDTHS whose (w+1)-th largest bound Q_bk is at most
+    :func:`lump_log_density` (0: none). Under the paper's formula a component whose e^{π N} rounds to 1 shares
+    one φ with all such, so the bin's weights need only their w largest components plus one lumped term."""
+    widths = torch.zeros(owner.shape, dtype=torch.uint8, device=owner.device)
+    if kind != "paper":
+        return widths
+    for w in sorted(NEARBY_WIDTHS, reverse=True):  # the narrowest that fits wins
+        if k > w:
+            fits = (owner >= 0) & (top_values[:, w] <= lump_log_density(dtype))
+            widths = widths.masked_fill(fits, w)
+    return widths
 
 
 def _bin_bounds(left, right, mu, log_std, log_mixing, pad: int):
