@@ -7,13 +7,16 @@
     one-hot certificate covers (sqs_core.onehot), so each SQS case also reports that share after its steps.
 Each model runs three ways: plain fine-tuning, SQS (eager) and SQS with ``compile_kernels=True`` (the
 per-weight passes as torch.compile'd kernels, sqs_core._fused). Step times are the median of the steps after
-the first; the first step of the compiled case, which compiles its kernels, is reported apart (``first_step_s``,
+the first (steps 2–6); the first step of the compiled case, which compiles its kernels, is reported apart (``first_step_s``,
 and ``compile_s`` = first step − median step). Each compiled case first compiles into a fresh, empty inductor
 cache, so this is the cost a user pays once per machine (``--warm-cache`` keeps the user's cache: the cost per
 process). Each case runs in a fresh subprocess so peak RSS is measured per case (resource.getrusage). The three
 modes alternate for ``--rounds`` rounds (default 2; this VM's speed drifts over minutes): each mode's step time
 is its fastest round's, its peak RSS the largest of its rounds. Writes JSON to docs/results/step_bench.json
-and prints a table. Usage: python bench_step.py [--quick] [--warm-cache] [--rounds N]
+and prints a table. ``--steps N`` (N ≥ 15) runs N steps per process and also reports ``late_step_s``, the median of
+the last five: the certified share falls as training moves the means, and the step's cost with it.
+Usage: python bench_step.py [--quick] [--warm-cache] [--rounds N] [--steps N] [--only KIND:BATCH ...]
+[--modes plain sqs sqs-compiled] [--out FILE]
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ certified = None
 if mode.startswith("sqs"):  # the share of weights the one-hot certificate covers after the last step
     sizes_and_shares = [(p.weight.numel(), p.certified_fraction()) for p in sqs.posteriors(model).values()]
     certified = sum(n * share for n, share in sizes_and_shares) / sum(n for n, _ in sizes_and_shares)
-print(json.dumps({"step_s": sorted(times[1:])[len(times[1:]) // 2], "steps_s": times, "first_step_s": times[0], "peak_rss_mib": peak / 1024,
+median = lambda ts: sorted(ts)[len(ts) // 2]
+print(json.dumps({"step_s": median(times[1:6]), "late_step_s": median(times[-5:]) if len(times) >= 15 else None, "steps_s": times, "first_step_s": times[0], "peak_rss_mib": peak / 1024,
                   "rss_before_mib": base_rss / 1024, "certified_fraction": certified,
                   "params_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20}))
 """
@@ -98,15 +102,15 @@ def run_case(kind, mode, batch, k, repeats, cache_dir=None):
     return result
 
 
-def run_rounds(kind, batch, k, repeats, rounds, warm_cache):
+def run_rounds(kind, batch, k, repeats, rounds, warm_cache, modes=MODES):
     """The three modes in turn, ``rounds`` times (this VM's speed drifts by ±20% over minutes, so the modes
     alternate). Per mode: the round with the fastest median step (its peak RSS and certified share), the
     largest peak RSS of all rounds (``peak_rss_max_mib``) and every round. The compiled mode's first round
     compiles into an empty inductor cache (unless ``warm_cache``), the later ones reuse it."""
-    runs = {mode: [] for mode in MODES}
+    runs = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
         for _ in range(rounds):
-            for mode in MODES:
+            for mode in modes:
                 cache_dir = cache if mode == "sqs-compiled" and not warm_cache else None
                 runs[mode].append(run_case(kind, mode, batch, k, repeats, cache_dir))
     best = {}
@@ -117,52 +121,72 @@ def run_rounds(kind, batch, k, repeats, rounds, warm_cache):
         if mode == "sqs-compiled":  # the cost of compiling: the first round's first step
             best[mode]["first_step_s"] = results[0]["first_step_s"]
             best[mode]["compile_s"] = results[0]["compile_s"]
-    return best["plain"], best["sqs"], best["sqs-compiled"]
+    return best
 
 
-def _row(kind, batch, k, plain, ours, compiled):
-    return {
-        "model": kind,
-        "batch": batch,
-        "K": k,
-        "plain": plain,
-        "sqs": ours,
-        "sqs_compiled": compiled,
-        "time_ratio": ours["step_s"] / plain["step_s"],
-        "time_ratio_compiled": compiled["step_s"] / plain["step_s"],
-        "peak_memory_ratio": ours["peak_rss_max_mib"] / plain["peak_rss_max_mib"],
-        "peak_memory_ratio_compiled": compiled["peak_rss_max_mib"] / plain["peak_rss_max_mib"],
-    }
+def _row(kind, batch, k, best):
+    """One case's results and its ratios to the plain step (modes that did not run are left out)."""
+    row = {"model": kind, "batch": batch, "K": k, **{mode.replace("-", "_"): r for mode, r in best.items()}}
+    plain = best["plain"]
+    for mode, suffix in (("sqs", ""), ("sqs-compiled", "_compiled")):
+        if mode in best:
+            row["time_ratio" + suffix] = best[mode]["step_s"] / plain["step_s"]
+            row["peak_memory_ratio" + suffix] = best[mode]["peak_rss_max_mib"] / plain["peak_rss_max_mib"]
+            if plain["late_step_s"] is not None:
+                row["late_time_ratio" + suffix] = best[mode]["late_step_s"] / plain["late_step_s"]
+    return row
 
 
-def main() -> None:
+def _summary(row):
+    """One printed line per case."""
+    parts = [f"{row['model']:>10} batch {row['batch']:>5} K={row['K']:<3} plain {row['plain']['step_s']:.3f}s"]
+    for mode, suffix in (("sqs", ""), ("sqs_compiled", "_compiled")):
+        if mode in row:
+            r = row[mode]
+            late = f", late x{row['late_time_ratio' + suffix]:.2f}" if "late_time_ratio" + suffix in row else ""
+            parts.append(
+                f"{mode} {r['step_s']:.3f}s (x{row['time_ratio' + suffix]:.2f}{late}, first {r['first_step_s']:.1f}s, "
+                f"peak RSS x{row['peak_memory_ratio' + suffix]:.2f}, certified {r['certified_fraction']:.4f})"
+            )
+    return "; ".join(parts)
+
+
+def _arguments():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and batch sizes")
     parser.add_argument("--warm-cache", action="store_true", help="compile into the user's inductor cache")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each mode; the fastest counts")
+    parser.add_argument("--steps", type=int, default=None, help="steps per process (default 6, --quick 3)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="KIND:BATCH", help="run only these cases")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="plain is always run")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).resolve().parents[3] / "docs/results/step_bench.json"
     )
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    repeats = 2 if args.quick else 5
+    if args.steps is not None and args.steps < 2:
+        parser.error(f"--steps must be at least 2 (the first step is reported apart), got {args.steps}")
     batches = (256,) if args.quick else (256, 2048, 8192)
     cases = [("resnet20", 128, 4)] + [(kind, b, 64) for kind in ("linear4096", "linear4096-distill") for b in batches]
+    if args.only is not None:
+        known = {f"{kind}:{batch}": (kind, batch, k) for kind, batch, k in cases}
+        unknown = [name for name in args.only if name not in known]
+        if unknown:
+            parser.error(f"--only: unknown case(s) {unknown}; known: {sorted(known)}")
+        cases = [known[name] for name in args.only]
+    modes = ["plain"] + [mode for mode in MODES[1:] if mode in args.modes]
+    steps = args.steps or (3 if args.quick else 6)
+    return args, cases, modes, steps
+
+
+def main() -> None:
+    args, cases, modes, steps = _arguments()
     rows = []
     for kind, batch, k in cases:
-        plain, ours, compiled = run_rounds(kind, batch, k, repeats, args.rounds, args.warm_cache)
-        rows.append(_row(kind, batch, k, plain, ours, compiled))
-        r = rows[-1]
-        print(
-            f"{kind:>10} batch {batch:>5} K={k:<3} step {plain['step_s']:.3f}s -> {ours['step_s']:.3f}s "
-            f"(x{r['time_ratio']:.2f}), compiled {compiled['step_s']:.3f}s (x{r['time_ratio_compiled']:.2f}, "
-            f"first step {compiled['first_step_s']:.1f}s)  peak RSS {plain['peak_rss_max_mib']:.0f} -> "
-            f"{ours['peak_rss_max_mib']:.0f} / {compiled['peak_rss_max_mib']:.0f} MiB "
-            f"(x{r['peak_memory_ratio']:.2f} / x{r['peak_memory_ratio_compiled']:.2f}), "
-            f"certified {ours['certified_fraction']:.4f} / {compiled['certified_fraction']:.4f}",
-            flush=True,
-        )
+        best = run_rounds(kind, batch, k, steps - 1, args.rounds, args.warm_cache, modes)
+        rows.append(_row(kind, batch, k, best))
+        print(_summary(rows[-1]), flush=True)
     machine = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
