@@ -8,7 +8,8 @@
 Each model runs three ways: plain fine-tuning, SQS (eager) and SQS with ``compile_kernels=True`` (the
 per-weight passes as torch.compile'd kernels, sqs_core._fused). Step times are the median of the steps after
 the first (steps 2–6); the first step of the compiled case, which compiles its kernels, is reported apart (``first_step_s``,
-and ``compile_s`` = first step − median step). Each compiled case first compiles into a fresh, empty inductor
+and ``compile_s`` = first step − median step; graphs first needed later, such as the width-8 nearby kernels when
+the first such block appears, show as one slow step in ``steps_s``, which the median leaves out). Each compiled case first compiles into a fresh, empty inductor
 cache, so this is the cost a user pays once per machine (``--warm-cache`` keeps the user's cache: the cost per
 process). Each case runs in a fresh subprocess so peak RSS is measured per case (resource.getrusage). The three
 modes alternate for ``--rounds`` rounds (default 2; this VM's speed drifts over minutes): each mode's step time

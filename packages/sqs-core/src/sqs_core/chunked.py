@@ -213,10 +213,7 @@ def _uncovered_chunks(
     uncovered = (~certified).nonzero().squeeze(1)
     if uncovered.numel() and table.any_lumpable:
         b = bin_index(th[uncovered], table)
-        width = table.near_width.index_select(0, b)
-        owned = owns_bin(table, b, wid[uncovered])
-        if isinstance(owned, torch.Tensor):  # several windows: a bin of another window's weights is no help
-            width.masked_fill_(~owned, 0)
+        width = table.near_width.index_select(0, b) * owns_bin(table, b, wid[uncovered])  # 0: another window's bin
         for w in NEARBY_WIDTHS:
             near, step = width == w, max(1, CHUNK_ELEMENTS // w)
             for u, bins in zip(torch.split(uncovered[near], step), torch.split(b[near], step), strict=True):

@@ -130,10 +130,10 @@ def _near_widths(top_values, owner, kind, k, dtype):
     widths = torch.zeros(owner.shape, dtype=torch.uint8, device=owner.device)
     if kind != "paper":
         return widths
+    owned, lump = owner >= 0, lump_log_density(dtype)
     for w in sorted(NEARBY_WIDTHS, reverse=True):  # the narrowest that fits wins
         if k > w:
-            fits = (owner >= 0) & (top_values[:, w] <= lump_log_density(dtype))
-            widths = widths.masked_fill(fits, w)
+            widths.masked_fill_(owned & (top_values[:, w] <= lump), w)
     return widths
 
 
