@@ -14,22 +14,22 @@ import sqs_core as sqs
 import torch
 import torch.nn.functional as F
 from sqs_core import _fused, chunked
-from sqs_core.onehot import NEARBY_WIDTHS, bin_table, certify_one_hot
+from sqs_core.onehot import NEARBY_WIDTHS, bin_table, classify, uncovered_blocks
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
 
 # inductor's own use of torch.jit.script_method, not ours (its numpy warning: pyproject.toml)
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
-# name: (config settings, second moments, whether weights take the nearby-component path, at both widths)
+# name: (config settings, second moments, whether weights take the nearby-component path, at every width)
 CASES = {
     "paper-K4-none-trained-theta": (
         dict(num_components=4, windows="none", temperature=5e-3, train_weight=True),
         False,
         False,
     ),
-    "paper-K16-outlier-gaussian-trained-theta": (
-        dict(num_components=16, prior=sqs.GaussianPrior(slab_std=0.7), train_weight=True),
+    "paper-K20-outlier-gaussian-trained-theta": (
+        dict(num_components=20, prior=sqs.GaussianPrior(slab_std=0.7), train_weight=True),
         True,
         True,
     ),
@@ -79,8 +79,8 @@ def _block_widths(p):
     theta, wid = p.weight.detach().reshape(-1), p.window_ids.reshape(-1)
     log_mix = F.log_softmax(p.mixing_logits.detach(), -1)
     table = bin_table(theta, wid, p.means, p.log_stds, log_mix, p.config.responsibility, p.config.temperature)
-    certified = certify_one_hot(theta, wid, table)[2]
-    return {width for _, _, width in chunked._uncovered_chunks(theta, wid, certified, table, p.num_components)}
+    classes = classify(theta, wid, table)[2]
+    return {width for _, width in uncovered_blocks(classes, table, p.num_components, chunked.CHUNK_ELEMENTS)}
 
 
 @pytest.fixture
@@ -106,9 +106,14 @@ def test_compiled_values_and_gradients_match_eager(small_chunks, case):
         assert (calls[name] > 0) == nearby, (name, calls)
     assert calls["_full_columns"] > 0 or nearby, calls
     assert torch.equal(got_kstar, want_kstar)
+    # ∂/∂θ (trained θ: the last gradient of each half) sums terms ~1/(τσ²) larger than itself, which eager's
+    # log-sum-exps and the kernels' normalised sums round differently: K = 20 gives 1.6e-9 at a scale of 150,
+    # the compiled value the nearer to a float64 evaluation of the full formula (2.5e-12 off)
+    count = 4 + int(settings.get("train_weight", False))  # gradients per half: μ, log σ, π, s̃ (and θ)
+    theta_grads = {2 + count, 3 + 2 * count} if settings.get("train_weight") else set()
     for index, (a, b) in enumerate(zip(got, want, strict=True)):
-        scale = float(b.abs().max())
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * max(scale, 1.0), msg=f"output {index}")
+        atol = (1e-10 if index in theta_grads else 1e-11) * max(float(b.abs().max()), 1.0)
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=atol, msg=f"output {index}")
 
 
 def test_compiled_path_limits_match_eager(small_chunks):

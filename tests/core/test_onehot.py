@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqs_core import chunked
 from sqs_core.mixture import component_log_density, log_responsibilities
-from sqs_core.onehot import CERTIFY_MARGIN, NEARBY_WIDTHS, bin_table, certify_one_hot
+from sqs_core.onehot import CERTIFY_MARGIN, NEARBY_WIDTHS, bin_table, certify_one_hot, classify, uncovered_blocks
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
 
@@ -92,14 +92,15 @@ def test_ties_take_the_full_path_and_still_match(monkeypatch):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-9)
 
 
-@pytest.mark.parametrize("narrowing", [2.5, 0.5])
+@pytest.mark.parametrize("narrowing", [2.5, -0.3])
 @pytest.mark.parametrize("windows", ["none", "outlier"])
 @pytest.mark.parametrize("second", [False, True])
 def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, windows, second, narrowing):
     """Under the paper's formula a weight far from every component has a near-uniform φ (not certified);
-    when all but 4 or 8 (NEARBY_WIDTHS) components have e^{π N} = 1 in the working precision it is
+    when all but 4, 8 or 16 (NEARBY_WIDTHS) components have e^{π N} = 1 in the working precision it is
     evaluated on those and one lumped term. Narrower components (``narrowing``: log σ shift) leave fewer
-    that matter: 2.5 puts every such weight in a bin of width 4, 0.5 some in bins of width 8."""
+    that matter: 2.5 puts every such weight in a bin of width 4; −0.3 (slightly wider) spreads them over
+    bins of every width."""
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 256)
     g = torch.Generator().manual_seed(3)
     w = torch.randn(60, 50, generator=g, dtype=torch.float64) * 0.1
@@ -113,10 +114,9 @@ def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, wi
     theta, wid = p.weight.reshape(-1), p.window_ids.reshape(-1)
     log_mix = F.log_softmax(p.mixing_logits.detach(), -1)
     table = bin_table(theta, wid, p.means, p.log_stds, log_mix, "paper", 5e-4)
-    _, _, certified = certify_one_hot(theta, wid, table)
     near = {w: 0 for w in NEARBY_WIDTHS}
-    for u, bins, width in chunked._uncovered_chunks(theta, wid, certified, table, 32):
-        if bins is not None:
+    for u, width in uncovered_blocks(classify(theta, wid, table)[2], table, 32, chunked.CHUNK_ELEMENTS):
+        if width:
             near[width] += int(u.numel())
     assert sum(near.values()) > 100  # the nearby path is exercised
     if narrowing < 1:

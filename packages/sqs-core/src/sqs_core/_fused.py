@@ -11,14 +11,15 @@ weights: λ̃ = sigmoid(s̃/τ') (eq. lambda-prime), the one-hot certificate (:m
 * moments backward: gate, one-hot gradients, the gate KL's gradients, ∂/∂s̃: one kernel per chunk of
   CHUNK_ELEMENTS weights;
 * the weights the certificate does not cover (sqs_core._fused_uncovered): in forward, a block of weights in
-  lumpable bins is one kernel that gathers its inputs, looks up its bins' 4 or 8 nearby components and evaluates
+  lumpable bins is one kernel that gathers its inputs, looks up its bins' 4, 8 or 16 nearby components and evaluates
   φ with the loop over components unrolled; the other uncovered weights, φ on all K with the components
   along the first dimension so that the reductions over k vectorise along the weights. Backward recomputes
   both from eagerly gathered columns, values and gradients by AOTAutograd;
 * the gate KL on its own (sqs_core._gate_kl, when a forward's KL is not at hand): one float64 reduction
   over all T weights; its backward one kernel per chunk.
 
-What stays eager: finding the uncovered weights (``nonzero``), gathering their rows of the (W, K)
+What stays eager: finding the uncovered weights (``nonzero`` over the class onehot.classify gives each,
+once over all weights and once per width over the uncovered ones), gathering their rows of the (W, K)
 parameters in backward (so the gradients reach the parameters through the deterministic backward of
 indexing), the table's ``topk``, and the float64 ``index_add_`` that sums per-weight gradients into the
 (W, K) parameters (compiled, it becomes atomic adds whose order, hence result, varies between runs with
@@ -35,19 +36,13 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import chunked
 from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
-from ._fused_uncovered import block_gradients, full_block, nearby_block, unpack_blocks
+from ._fused_uncovered import bin_of, bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
 from ._index_add import index_add_all
-from .chunked import (
-    _chunk_ranges,
-    _gate_probs,
-    _uncovered_chunks,
-    _variance,
-    kl_accumulator,
-    kl_grad,
-)
-from .onehot import _bin_bounds, bin_table
+from .chunked import _chunk_ranges, _gate_probs, _variance, kl_accumulator, kl_grad
+from .onehot import CERTIFIED, _bin_bounds, bin_table, uncovered_blocks
 
 __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
 
@@ -57,27 +52,29 @@ def _flat(window_ids, kstar, k):
     return window_ids.int() * k + kstar.int()
 
 
-def _certify(theta, window_ids, mean_radius, owner, best, low, inv_width):
-    """(k*, μ_{k*}, certified as uint8 0/1) of onehot.certify_one_hot: one bin lookup and one comparison
-    per weight. uint8, not bool: inductor stores a float comparison's mask as bool several times slower."""
-    b = ((theta - low) * inv_width).long().clamp(0, owner.shape[0] - 1)
+def _certify(theta, window_ids, table):
+    """(k*, μ_{k*}, class) of onehot.classify: one bin lookup and one comparison per weight. ``table``: the
+    BinTable's (mean_radius, owner, best, near_width, low, inv_width), the floats as 0-d tensors. The
+    class as arithmetic on uint8: inductor stores a float comparison's mask as bool several times slower."""
+    mean_radius, owner, best, near_width, low, inv_width = table
+    b = bin_of(theta, low, inv_width, owner.shape[0])
     mean = mean_radius[:, 0][b]
     within = ((theta - mean).abs() <= mean_radius[:, 1][b]).int()
-    return best[b], mean, (within * (owner[b] == window_ids).int()).to(torch.uint8)  # one window: 0 == 0
+    owns = (owner[b] == window_ids).int()  # one window: 0 == 0
+    certified = within * owns
+    return best[b], mean, (certified * CERTIFIED + (1 - certified) * owns * near_width[b].int()).to(torch.uint8)
 
 
-def _moments_first(
-    theta, gate_logits, mask, window_ids, mean_radius, owner, best, low, inv_width, tau, k, kl_table, log_keep, log_drop
-):
-    """(θ^avg = λ̃ μ_{k*}, k*, certified, gate KL or None) of every weight, as if every weight were certified;
+def _moments_first(theta, gate_logits, mask, window_ids, table, tau, k, kl_table, log_keep, log_drop):
+    """(θ^avg = λ̃ μ_{k*}, k*, class, gate KL or None) of every weight, as if every weight were certified;
     the gate KL (:func:`_kl_sum`) when ``kl_table`` (flat component KLs) is given."""
-    kstar, mean, certified = _certify(theta, window_ids, mean_radius, owner, best, low, inv_width)
+    kstar, mean, classes = _certify(theta, window_ids, table)
     kl = (
         None
         if kl_table is None
         else _kl_sum(gate_logits, mask, _flat(window_ids, kstar, k), kl_table, tau, log_keep, log_drop)
     )
-    return _gate_probs(gate_logits, mask, tau)[2] * mean, kstar, certified, kl
+    return _gate_probs(gate_logits, mask, tau)[2] * mean, kstar, classes, kl
 
 
 def _moments_second(
@@ -85,11 +82,7 @@ def _moments_second(
     gate_logits,
     mask,
     window_ids,
-    mean_radius,
-    owner,
-    best,
-    low,
-    inv_width,
+    table,
     tau,
     k,
     kl_table,
@@ -98,14 +91,14 @@ def _moments_second(
     log_stds,
     spike_var,
 ):
-    """(θ^avg, Var_q = λ̃ (μ² + σ²) − (λ̃ μ)² + (1 − λ̃) σ_0², k*, certified, gate KL or None) at k*
+    """(θ^avg, Var_q = λ̃ (μ² + σ²) − (λ̃ μ)² + (1 − λ̃) σ_0², k*, class, gate KL or None) at k*
     (flat ``log_stds``), as :func:`_moments_first`."""
-    kstar, m, certified = _certify(theta, window_ids, mean_radius, owner, best, low, inv_width)
+    kstar, m, classes = _certify(theta, window_ids, table)
     lam = _gate_probs(gate_logits, mask, tau)[2]
     flat = _flat(window_ids, kstar, k)
     s = m * m + torch.exp(2 * log_stds[flat])
     kl = None if kl_table is None else _kl_sum(gate_logits, mask, flat, kl_table, tau, log_keep, log_drop)
-    return lam * m, _variance(lam, m, s, spike_var), kstar, certified, kl
+    return lam * m, _variance(lam, m, s, spike_var), kstar, classes, kl
 
 
 def _one_hot_backward(
@@ -199,18 +192,18 @@ KERNELS.update(UNCOVERED_KERNELS)
 
 
 def _certified_moments(theta, gate_logits, mask, window_ids, log_stds, table, spec, second, component_kl):
-    """(θ^avg, Var or empty, k*, certified, gate KL or None) of every weight as if its φ were one-hot at the
-    certificate's k* (right for the certified weights; the caller corrects the others)."""
-    bins = (table.mean_radius, table.owner, table.best, _scalar(table.low), _scalar(table.inv_width))
+    """(θ^avg, Var or empty, k*, class (onehot.classify), gate KL or None) of every weight as if its φ were
+    one-hot at the certificate's k* (right for the certified weights; the caller corrects the others)."""
+    bins = (table.mean_radius, table.owner, table.best, table.near_width, *bin_scalars(table, theta.dtype))
     kl = (None, None, None) if component_kl is None else (component_kl.reshape(-1), *_prior_logs(spec.prior_keep))
-    args = (*bins, _scalar(spec.gate_temperature), log_stds.shape[1], *kl)
+    args = (bins, _scalar(spec.gate_temperature), log_stds.shape[1], *kl)
     if second:
         args = (*args, log_stds.detach().reshape(-1), _scalar(spec.spike_variance))
-        mean, var, kstar, certified, total = KERNELS["_moments_second"](theta, gate_logits, mask, window_ids, *args)
+        mean, var, kstar, classes, total = KERNELS["_moments_second"](theta, gate_logits, mask, window_ids, *args)
     else:
-        mean, kstar, certified, total = KERNELS["_moments_first"](theta, gate_logits, mask, window_ids, *args)
+        mean, kstar, classes, total = KERNELS["_moments_first"](theta, gate_logits, mask, window_ids, *args)
         var = theta.new_zeros(0)
-    return mean, var, kstar, certified.view(torch.bool), total  # certified: 0/1 bytes
+    return mean, var, kstar, classes, total
 
 
 def _prior_logs(prior_keep):
@@ -223,7 +216,7 @@ def _prior_logit(prior_keep):
     return None if prior_keep is None else _scalar(math.log(prior_keep) - math.log1p(-prior_keep))
 
 
-def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar, certified, means, log_stds, *rest):
+def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar, classes, means, log_stds, *rest):
     """Accumulate the certified weights' gradients into ``param_grads`` (float64, as chunked does) and, with
     ``g_comp``, every weight's λ̃ into it (the gate KL's); return ∂/∂s̃ of every weight, without the moments'
     part for the uncovered ones, chunk by chunk (float64 temporaries stay small)."""
@@ -235,7 +228,8 @@ def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar
     if g_comp is not None:
         kl = (component_kl.detach().reshape(-1), _prior_logit(spec.prior_keep), grad_kl.detach())
     for a, b in _chunk_ranges(gate_logits.numel(), 1):
-        chunk = (gate_logits[a:b], mask[a:b], window_ids[a:b], kstar[a:b], certified[a:b], *consts, gm[a:b])
+        certified = classes[a:b] == CERTIFIED  # eager: as uint8 == 255 inside the kernel, 1.5× the kernel's time
+        chunk = (gate_logits[a:b], mask[a:b], window_ids[a:b], kstar[a:b], certified, *consts, gm[a:b])
         flat, d_mean, d_log_std, lam, g_gate[a:b] = KERNELS["_one_hot_backward"](
             *chunk, (gv[a:b] if gv is not None else None), *scalars, *kl
         )
@@ -246,8 +240,8 @@ def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar
 
 class FusedPosteriorMoments(torch.autograd.Function):
     """chunked._PosteriorMoments with the per-weight passes fused: the same (θ^avg, Var or empty, k*, gate KL).
-    The uncovered weights' indices (and bins) are kept from forward to backward as saved tensors (16 bytes each)
-    rather than found again."""
+    The uncovered weights' indices (and, in lumpable bins, the bins the forward kernel found: 12 bytes each,
+    8 on all K) are kept from forward to backward as saved tensors rather than found again."""
 
     @staticmethod
     def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, *settings):
@@ -255,47 +249,47 @@ class FusedPosteriorMoments(torch.autograd.Function):
         log_mix = F.log_softmax(mixing_logits, dim=-1)
         args = (theta, window_ids, means, log_stds, log_mix, spec.kind, spec.temperature, ranges)
         table = bin_table(*args, bounds=KERNELS["_bin_bounds"])
-        mean, var, kstar, certified, kl = _certified_moments(
+        mean, var, kstar, classes, kl = _certified_moments(
             theta, gate_logits, mask, window_ids, log_stds, table, spec, second, component_kl
         )
-        blocks = list(_uncovered_chunks(theta, window_ids, certified, table, means.shape[1]))
+        blocks = list(uncovered_blocks(classes, table, means.shape[1], chunked.CHUNK_ELEMENTS))
         inputs = (theta, gate_logits, means, log_stds, mask, window_ids, kstar)
         kl_table = None if component_kl is None else component_kl.detach().reshape(-1)
-        for u, bins, width in blocks:
-            if bins is not None:
-                nearby = table.nearby[:, :width]
-                mean_u, var_u, levels, correction = nearby_block(
-                    u, bins, inputs, nearby, log_mix, spec, second, kl_table
-                )
+        scalars, saved_blocks = bin_scalars(table, theta.dtype), []
+        for u, width in blocks:
+            if width:
+                nearby = (table.nearby[:, :width], *scalars)
+                results = nearby_block(u, inputs, nearby, log_mix, spec, second, kl_table)
             else:
-                mean_u, var_u, levels, correction = full_block(u, inputs, log_mix, spec, second, kl_table)
+                results = full_block(u, inputs, log_mix, spec, second, kl_table)
+            mean_u, var_u, levels, correction, bins = results
+            saved_blocks += [u] if bins is None else [u, bins]
             if correction is not None:
                 kl = kl + correction
             kstar[u], mean[u] = levels, mean_u
             if var_u is not None:
                 var[u] = var_u
-        saved = (theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified)
+        saved = (theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes)
         # the blocks' indices and bins as saved tensors too, so that autograd frees them after backward
-        ctx.save_for_backward(*saved, table.nearby, *(t for u, bins, _ in blocks for t in (u, bins) if t is not None))
-        ctx.spec, ctx.second, ctx.widths = spec, second, [width for _, _, width in blocks]
+        ctx.save_for_backward(*saved, table.nearby, *saved_blocks)
+        ctx.spec, ctx.second, ctx.widths = spec, second, [w for _, w in blocks]
         ctx.mark_non_differentiable(kstar)
         return mean, var, kstar, (theta.new_zeros(()) if kl is None else kl.to(theta.dtype))
 
     @staticmethod
     def backward(ctx, grad_mean, grad_var, _grad_kstar, grad_kl):
-        theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified, *rest = (
+        theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes, *rest = (
             ctx.saved_tensors
         )
-        nearby, blocks = rest[0], unpack_blocks(rest[1:], ctx.widths)
         spec, gv, g_comp = ctx.spec, (grad_var if ctx.second else None), kl_accumulator(component_kl, grad_kl)
         leaves = [p.detach().requires_grad_() for p in (means, log_stds, mixing_logits)]
         param_grads = [torch.zeros(p.numel(), dtype=torch.float64, device=p.device) for p in leaves]
         g_theta = torch.zeros_like(theta) if ctx.needs_input_grad[0] else None
-        one_hot = (gate_logits, mask, window_ids, kstar, certified, means, log_stds, component_kl, grad_mean, gv)
+        one_hot = (gate_logits, mask, window_ids, kstar, classes, means, log_stds, component_kl, grad_mean, gv)
         g_gate = _one_hot_gradients(param_grads, g_comp, *one_hot, grad_kl, spec)
         inputs = (theta, gate_logits, mask, window_ids, grad_mean, gv)
-        for u, bins, width in blocks:  # the uncovered weights: recomputed with a graph, as in chunked
-            block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby[:, :width], spec)
+        for u, bins, width in unpack_blocks(rest[1:], ctx.widths):  # the uncovered weights: recomputed, as in chunked
+            block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, rest[0][:, :width], spec)
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
         return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
 

@@ -6,7 +6,7 @@ on a bin's nearby components with the loop over components unrolled; the forward
 lumpable bins, which gathers its own inputs; backward's input gathering and its ``torch.func.vjp``
 recomputation. And the per-block glue FusedPosteriorMoments calls: ``nearby_block`` and
 ``full_block`` in forward, ``block_gradients`` in backward (``unpack_blocks`` rebuilds the blocks from the
-saved tensors).
+saved tensors); ``bin_of``, the bin lookup the kernels share.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ._index_add import index_add_all
 from .chunked import _gate_probs, _variance, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
 
-__all__ = ["KERNELS", "block_gradients", "full_block", "nearby_block", "unpack_blocks"]
+__all__ = ["KERNELS", "bin_of", "bin_scalars", "block_gradients", "full_block", "nearby_block", "unpack_blocks"]
 
 
 def _log_density_columns(th, mu, log_std, log_mix):
@@ -90,14 +90,29 @@ def _fold(op, rows):
     return out
 
 
-def _nearby_forward(u, bins, theta, gate_logits, mask, window_ids, kstar, nearby, tables, totals, scalars, kl_table):
-    """θ^avg, Var or None, k* and the gate-KL correction (or None) of the uncovered weights ``u`` in lumpable bins
-    ``bins``: their inputs gathered, their bins' nearby components looked up in the (W·K,) ``tables``
+def bin_of(theta, low, inv_width, count):
+    """onehot.bin_index inside a kernel (``low``, ``inv_width``: 0-d tensors): every compiled kernel finds a
+    weight's bin with this one expression, so that they agree on it."""
+    return ((theta - low) * inv_width).long().clamp(0, count - 1)
+
+
+def bin_scalars(table, dtype):
+    """The BinTable's ``low`` and ``inv_width`` as kernel inputs (:func:`bin_of`) in the weights' ``dtype``, as
+    onehot.bin_index computes (float64 ones would make inductor convert every θ, ~2× the time of a gather)."""
+    return torch.tensor(table.low, dtype=dtype), torch.tensor(table.inv_width, dtype=dtype)
+
+
+def _nearby_forward(u, theta, gate_logits, mask, window_ids, kstar, nearby, tables, totals, scalars, kl_table):
+    """θ^avg, Var or None, k*, the gate-KL correction (or None) and the bins (int32, for backward) of the
+    uncovered weights ``u`` in lumpable bins: their inputs gathered, their bins found again and their nearby
+    components (``nearby``: the (B, width) table, ``low``, ``inv_width``) looked up in the (W·K,) ``tables``
     (μ, 1/σ, log π − log σ − ½ log 2π) and :func:`_nearby_rows`, in one kernel (the forward needs no graph).
     ``totals``: (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: L, τ, τ', K, σ_0²."""
     lumped, temperature, tau, k, spike_var = scalars
     th, wid = theta[u], window_ids[u].long()
-    flat = [nearby[:, c][bins] for c in range(nearby.shape[1])]
+    table, low, inv_width = nearby
+    bins = bin_of(th, low, inv_width, table.shape[0])
+    flat = [table[:, c][bins] for c in range(table.shape[1])]
     mu, inv_std, const = ([t[i] for i in flat] for t in tables)
     total_sq = None if totals[1] is None else totals[1][wid]
     m, s, pos = _nearby_rows(th, mu, inv_std, const, totals[0][wid], total_sq, lumped, temperature)
@@ -107,7 +122,7 @@ def _nearby_forward(u, bins, theta, gate_logits, mask, window_ids, kstar, nearby
     lam = _gate_probs(gate_logits[u], mask[u], tau)[2]
     var = None if s is None else _variance(lam, m, s, spike_var)
     correction = None if kl_table is None else _kl_correction(kl_table, best, wid * k + kstar[u].long(), lam)
-    return lam * m, var, (best - wid * k).to(torch.uint8), correction
+    return lam * m, var, (best - wid * k).to(torch.uint8), correction, bins.int()
 
 
 def _kl_correction(kl_table, flat, flat_before, lam):
@@ -117,9 +132,10 @@ def _kl_correction(kl_table, flat, flat_before, lam):
 
 
 def _nearby_inputs(u, bins, theta, gate_logits, mask, window_ids, grad_mean, grad_var, nearby, tau):
-    """What backward's recomputation of the uncovered weights ``u`` in lumpable bins ``bins`` needs, gathered
-    in one kernel: θ, window (int64), λ̃ (masked), λ̃ (raw), ∂L/∂θ^avg, ∂L/∂Var (or None) and the
-    (width, n) flat indices of their bins' nearby components."""
+    """What backward's recomputation of the uncovered weights ``u`` in lumpable bins ``bins`` (as forward found
+    them: recomputing them here would chain a gather on θ's, 2× the time) needs, gathered in one kernel:
+    θ, window (int64), λ̃ (masked), λ̃ (raw), ∂L/∂θ^avg, ∂L/∂Var (or None) and the (width, n) flat indices of
+    their bins' nearby components (the (B, width) table ``nearby``)."""
     _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
     flat = torch.stack([nearby[:, c][bins] for c in range(nearby.shape[1])])
     gv = None if grad_var is None else grad_var[u]
@@ -175,14 +191,14 @@ def _level_sq_totals(means, log_stds):
     return (means * means + torch.exp(2 * log_stds)).sum(-1)
 
 
-def nearby_block(u, bins, inputs, nearby, log_mix, spec, second, kl_table):
-    """:func:`_nearby_forward` for one block whose bins take the (B, width) components ``nearby``:
-    (θ^avg, Var or None, k*, KL correction or None)."""
+def nearby_block(u, inputs, nearby, log_mix, spec, second, kl_table):
+    """:func:`_nearby_forward` for one block whose bins take the (B, width) components ``nearby[0]``
+    (``nearby``: that table and :func:`bin_scalars`): (θ^avg, Var or None, k*, KL correction or None, bins)."""
     theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
     k = means.shape[1]
     tables = [t.detach().reshape(-1) for t in _nearby_tables(means, log_stds, log_mix)]
     totals = (means.detach().sum(-1), _level_sq_totals(means, log_stds).detach() if second else None)
-    lumped = float(k - nearby.shape[1])
+    lumped = float(k - nearby[0].shape[1])
     scalars = (
         _scalar(lumped),
         _scalar(spec.temperature),
@@ -191,11 +207,12 @@ def nearby_block(u, bins, inputs, nearby, log_mix, spec, second, kl_table):
         _scalar(spec.spike_variance),
     )
     args = (theta, gate_logits, mask, window_ids, kstar, nearby, tables, totals, scalars, kl_table)
-    return KERNELS["_nearby_forward"](u, bins, *args)
+    return KERNELS["_nearby_forward"](u, *args)
 
 
 def full_block(u, inputs, log_mix, spec, second, kl_table):
-    """θ^avg, Var or None, k* and the gate-KL correction (or None) of uncovered weights ``u`` on all K."""
+    """θ^avg, Var or None, k*, the gate-KL correction (or None) and None (no bins) of uncovered weights ``u``
+    on all K."""
     theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
     wid = window_ids[u].long()
     m, s, levels = _full_eval(theta[u], wid, means, log_stds, log_mix, spec, second)
@@ -205,7 +222,7 @@ def full_block(u, inputs, log_mix, spec, second, kl_table):
     correction = (
         None if kl_table is None else _kl_correction(kl_table, base + levels.long(), base + kstar[u].long(), lam)
     )
-    return lam * m, var, levels, correction
+    return lam * m, var, levels, correction, None
 
 
 def unpack_blocks(tensors, widths):
@@ -218,11 +235,12 @@ def unpack_blocks(tensors, widths):
     return blocks
 
 
-def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec):
-    """Recompute one block of uncovered weights (``bins`` None: on all K) with a graph, accumulate their
-    parameter gradients and add the moments' part of their ∂/∂s̃ to ``g_gate``."""
+def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec):
+    """Recompute one block of uncovered weights (``bins`` None: on all K, else in ``bins``, whose components
+    the (B, width) table ``nearby`` lists) with a graph, accumulate their parameter gradients and add the
+    moments' part of their ∂/∂s̃ to ``g_gate``."""
     if bins is not None:
-        return _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec)
+        return _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec)
     theta, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
     second, tau = grad_var is not None, spec.gate_temperature
     _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
@@ -236,7 +254,7 @@ def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearb
     g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / tau)
 
 
-def _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby_table, spec):
+def _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec):
     """:func:`block_gradients` of a block in lumpable bins: its inputs gathered by one kernel, its columns of
     the (W, K) tables by ``index_select``, values and gradients by one :func:`_nearby_vjp` kernel; the column
     gradients are summed into the tables by ``index_add_`` and taken through the small graph
@@ -246,11 +264,11 @@ def _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nea
     with torch.enable_grad():
         tables = _nearby_tables(means, log_stds, F.log_softmax(mixing_logits, dim=-1))
         totals = [means.sum(-1)] + ([_level_sq_totals(means, log_stds)] if second else [])
-    th, wid, lam, lam_raw, gm, gv, nearby = KERNELS["_nearby_inputs"](u, bins, *inputs, nearby_table, tau)
-    flat = nearby.reshape(-1)
-    columns = [t.detach().reshape(-1).index_select(0, flat).view(nearby.shape) for t in tables]
+    th, wid, lam, lam_raw, gm, gv, components = KERNELS["_nearby_inputs"](u, bins, *inputs, nearby, tau)
+    flat = components.reshape(-1)
+    columns = [t.detach().reshape(-1).index_select(0, flat).view(components.shape) for t in tables]
     per_weight = [t.detach().index_select(0, wid) for t in totals] + ([] if second else [None])
-    lumped = _scalar(float(means.shape[1] - nearby.shape[0]))
+    lumped = _scalar(float(means.shape[1] - components.shape[0]))
     scalars = (lumped, _scalar(spec.temperature), tau, _scalar(spec.spike_variance))
     g_gate_u, g_th, *column_grads = KERNELS["_nearby_vjp"](th, *columns, *per_weight, gm, gv, lam, lam_raw, scalars)
     outputs = [*tables, *totals]

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ._index_add import index_add_all
 from .mixture import PAPER_CLAMP, bernoulli_kl, component_log_density, log_responsibilities
-from .onehot import NEARBY_WIDTHS, BinTable, bin_index, bin_table, certify_one_hot, owns_bin
+from .onehot import CERTIFIED, bin_components, bin_table, certify_one_hot, classify, uncovered_blocks
 
 __all__ = [
     "PosteriorSpec",
@@ -93,8 +93,8 @@ class _PosteriorMoments(torch.autograd.Function):
     """θ^avg_i = λ̃_i Σ_k φ_ik μ_k and (optionally) Var_q(θ̃_i); also k*_i = argmax_k φ_ik.
 
     Weights certified one-hot (:mod:`sqs_core.onehot`) cost O(1) each: θ^avg = λ̃ μ_{k*}, and their
-    gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest are evaluated on their bin's 4 or 8
-    nearby components plus one lumped term where the paper's formula allows it exactly, else on all K;
+    gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest are evaluated on their bin's 4, 8 or
+    16 nearby components plus one lumped term where the paper's formula allows it exactly, else on all K;
     both recomputed in backward. Windows are handled by gathering each weight's row of (W, K) parameters.
     With ``component_kl`` the gate KL (eq. approx_elbo) at these k* is summed in the same chunk loop and
     its gradients, ∂/∂s̃ and Σ λ̃ per component, are added in the same backward loop: one autograd node
@@ -108,17 +108,18 @@ class _PosteriorMoments(torch.autograd.Function):
         mean = torch.empty_like(theta)
         var = torch.empty_like(theta) if second else theta.new_zeros(0)
         kstar = torch.empty(theta.shape, dtype=torch.uint8, device=theta.device)
-        certified = torch.empty(theta.shape, dtype=torch.bool, device=theta.device)
+        classes = torch.empty(theta.shape, dtype=torch.uint8, device=theta.device)  # onehot.classify's
         log_mix = F.log_softmax(mixing_logits, dim=-1)
         k = means.shape[1]
         table = bin_table(theta, window_ids, means, log_stds, log_mix, spec.kind, spec.temperature, ranges)
         for a, b in _chunk_ranges(theta.numel(), 1):
             th, wid = theta[a:b], window_ids[a:b]
-            ks, m, cert = certify_one_hot(th, wid, table)
+            ks, m, cls = classify(th, wid, table)
             s = _level_second_moment(m, _flat_index(wid, ks, means.shape[0], k), log_stds) if second else None
-            for u, bins, width in _uncovered_chunks(th, wid, cert, table, k):
-                nearby = bin_components(table, bins, width)
-                moments = _uncovered_moments(th[u], wid[u].long(), nearby, means, log_stds, log_mix, spec, second)
+            for u, width in uncovered_blocks(cls, table, k, CHUNK_ELEMENTS):
+                th_u = th[u]
+                nearby = bin_components(table, th_u, width)
+                moments = _uncovered_moments(th_u, wid[u].long(), nearby, means, log_stds, log_mix, spec, second)
                 m[u], s_u, ks[u] = moments
                 if s is not None:
                     s[u] = s_u
@@ -128,10 +129,10 @@ class _PosteriorMoments(torch.autograd.Function):
                 kl += _kl_terms_sum(scaled, lam, mask[a:b], ck, spec.prior_keep)
             mean[a:b] = lam * m
             kstar[a:b] = ks
-            certified[a:b] = cert
+            classes[a:b] = cls
             if s is not None:
                 var[a:b] = _variance(lam, m, s, spec.spike_variance)
-        saved = (theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified)
+        saved = (theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes)
         ctx.save_for_backward(*saved)
         ctx.spec, ctx.second, ctx.table = spec, second, table
         ctx.mark_non_differentiable(kstar)
@@ -139,7 +140,7 @@ class _PosteriorMoments(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_mean, grad_var, _grad_kstar, grad_kl):
-        theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, certified = (
+        theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes = (
             ctx.saved_tensors
         )
         spec, second, g_comp = ctx.spec, ctx.second, kl_accumulator(component_kl, grad_kl)
@@ -153,7 +154,8 @@ class _PosteriorMoments(torch.autograd.Function):
             wid = window_ids[a:b]
             scaled, lam_raw, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
             gm, gv = grad_mean[a:b], (grad_var[a:b] if second else None)
-            flat, cert = _flat_index(wid, kstar[a:b], num_windows, k), certified[a:b]
+            flat, cls = _flat_index(wid, kstar[a:b], num_windows, k), classes[a:b]
+            cert = cls == CERTIFIED
             m, s = _one_hot_moments(flat, means, log_stds, second)
             sums = _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds)
             if g_comp is not None:
@@ -161,8 +163,8 @@ class _PosteriorMoments(torch.autograd.Function):
                 g_kl = _kl_gate_grads(scaled, lam_raw, lam, ck, spec.gate_temperature, spec.prior_keep, grad_kl)
                 sums.append((g_comp, flat, lam.double()))
             index_add_all(sums)
-            for u, bins, width in _uncovered_chunks(theta[a:b], wid, cert, ctx.table, k):
-                block = _Uncovered(a, u, wid[u].long(), bin_components(ctx.table, bins, width))
+            for u, width in uncovered_blocks(cls, ctx.table, k, CHUNK_ELEMENTS):
+                block = _Uncovered(a, u, wid[u].long(), bin_components(ctx.table, theta[a:b][u], width))
                 m[u], s_u = _full_grads(param_grads, g_theta, block, leaves, theta, spec, gm[u], gv, lam[u])
                 if s is not None:
                     s[u] = s_u
@@ -203,36 +205,9 @@ class _Uncovered:
     nearby: torch.Tensor | None  # (n, width) flat indices of the components each is evaluated on; None: all K
 
 
-def _uncovered_chunks(
-    th, wid, certified, table: BinTable, k: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, int]]:
-    """(local indices, their bins or None, width) of the weights that were not certified, in non-empty
-    blocks: those in a lumpable bin of their own window take the nearby-component path, grouped by their
-    bin's width w in NEARBY_WIDTHS (CHUNK_ELEMENTS // w at a time; their bins come along), the rest all K
-    (None, 0)."""
-    uncovered = (~certified).nonzero().squeeze(1)
-    if uncovered.numel() and table.any_lumpable:
-        b = bin_index(th[uncovered], table)
-        width = table.near_width.index_select(0, b) * owns_bin(table, b, wid[uncovered])  # 0: another window's bin
-        for w in NEARBY_WIDTHS:
-            near, step = width == w, max(1, CHUNK_ELEMENTS // w)
-            for u, bins in zip(torch.split(uncovered[near], step), torch.split(b[near], step), strict=True):
-                if u.numel():
-                    yield u, bins, w
-        uncovered = uncovered[width == 0]
-    for chunk in torch.split(uncovered, max(1, CHUNK_ELEMENTS // k)):
-        if chunk.numel():
-            yield chunk, None, 0
-
-
-def bin_components(table: BinTable, bins: torch.Tensor | None, width: int) -> torch.Tensor | None:
-    """(n, width) flat indices of the ``width`` largest-bound components of each of ``bins`` (None: None)."""
-    return None if bins is None else table.nearby[:, :width].index_select(0, bins)
-
-
 def _uncovered_moments(th, wid, nearby, means, log_stds, log_mix, spec, second):
     """(m, s or None, k* uint8) of uncovered weights, on all K components (``nearby`` None) or on the
-    (n, width) components ``nearby`` (:func:`bin_components`)."""
+    (n, width) components ``nearby`` (onehot.bin_components)."""
     if nearby is None:
         m, s, log_phi = _full_moments(th, wid, means, log_stds, log_mix, spec, second)
         return m, s, log_phi.argmax(-1).to(torch.uint8)

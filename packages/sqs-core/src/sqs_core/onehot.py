@@ -29,6 +29,7 @@ the paper's formula, large τ) take the full K-component path in :mod:`sqs_core.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -36,22 +37,27 @@ import torch
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
 
 __all__ = [
+    "CERTIFIED",
     "CERTIFY_MARGIN",
     "NEARBY",
     "NEARBY_WIDTHS",
     "BinTable",
+    "bin_components",
     "bin_count",
     "bin_index",
     "bin_table",
     "certify_one_hot",
+    "classify",
     "lump_log_density",
     "owns_bin",
+    "uncovered_blocks",
     "window_value_ranges",
 ]
 
 CERTIFY_MARGIN = 40.0  # nats: every non-winning φ_j ≤ e^{-40} on a certified weight
-NEARBY = 8  # components an uncovered weight is evaluated on when the others are negligible (paper formula)
-NEARBY_WIDTHS = (4, NEARBY)  # a bin takes the narrowest of these that leaves only negligible components out
+NEARBY = 16  # components an uncovered weight is evaluated on when the others are negligible (paper formula)
+NEARBY_WIDTHS = (4, 8, NEARBY)  # a bin takes the narrowest of these that leaves only negligible components out
+CERTIFIED = 255  # the class (:func:`classify`) of a certified weight
 
 
 def lump_log_density(dtype: torch.dtype) -> float:
@@ -193,11 +199,44 @@ def _certifying_log_density(rival, third, kind, temperature, k):
 def certify_one_hot(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTable):
     """(k* uint8 within the window, μ_{k*}, certified bool), each (n,), for flat weights ``theta`` of the
     tensor the table was built for. Where certified, k* = argmax_k φ_k(θ_i) and φ is one-hot."""
+    kstar, mean, classes = classify(theta, window_ids, table)
+    return kstar, mean, classes == CERTIFIED
+
+
+def classify(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTable):
+    """(k*, μ_{k*}, class uint8) as :func:`certify_one_hot`, the class saying how each weight is evaluated:
+    :data:`CERTIFIED`; a width in NEARBY_WIDTHS (its bin's ``near_width``, where the bin is its window's);
+    0: on all K."""
     b = bin_index(theta, table)
     mean_radius = table.mean_radius.index_select(0, b)  # index_select: faster than advanced indexing
     mean = mean_radius[:, 0].contiguous()
-    certified = ((theta - mean).abs() <= mean_radius[:, 1]) & owns_bin(table, b, window_ids)
-    return table.best.index_select(0, b), mean, certified
+    owns = owns_bin(table, b, window_ids)
+    certified = ((theta - mean).abs() <= mean_radius[:, 1]) & owns
+    classes = torch.where(certified, CERTIFIED, table.near_width.index_select(0, b) * owns)
+    return table.best.index_select(0, b), mean, classes
+
+
+def uncovered_blocks(
+    classes: torch.Tensor, table: BinTable, k: int, block_elements: int
+) -> Iterator[tuple[torch.Tensor, int]]:
+    """(indices, width) of the weights :func:`classify` did not certify, in non-empty blocks of
+    ``block_elements`` // width (all K: width 0, ``block_elements`` // K): one ``nonzero`` over all weights,
+    then one over the uncovered per width (the indices as ``index_select``: one pass, not two)."""
+    uncovered = (classes != CERTIFIED).nonzero().squeeze(1)
+    groups = [(uncovered, 0)]
+    if uncovered.numel() and table.any_lumpable:
+        widths = classes.index_select(0, uncovered)
+        groups = [(uncovered.index_select(0, (widths == w).nonzero().squeeze(1)), w) for w in (*NEARBY_WIDTHS, 0)]
+    for indices, width in groups:
+        for block in torch.split(indices, max(1, block_elements // (width or k))):
+            if block.numel():
+                yield block, width
+
+
+def bin_components(table: BinTable, theta: torch.Tensor, width: int) -> torch.Tensor | None:
+    """(n, width) flat indices of the ``width`` largest-bound components of the bins of weights ``theta``
+    (width 0: None, all K)."""
+    return table.nearby[:, :width].index_select(0, bin_index(theta, table)) if width else None
 
 
 def owns_bin(table: BinTable, bins: torch.Tensor, window_ids: torch.Tensor) -> torch.Tensor | bool:
