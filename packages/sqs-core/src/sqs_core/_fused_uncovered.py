@@ -98,7 +98,9 @@ def bin_of(theta, low, inv_width, count):
 
 def bin_scalars(table, dtype):
     """The BinTable's ``low`` and ``inv_width`` as kernel inputs (:func:`bin_of`) in the weights' ``dtype``, as
-    onehot.bin_index computes (float64 ones would make inductor convert every θ, ~2× the time of a gather)."""
+    onehot.bin_index computes (float64 ones would make inductor convert every θ), at least float32 (B / range
+    overflows float16)."""
+    dtype = torch.promote_types(dtype, torch.float32)
     return torch.tensor(table.low, dtype=dtype), torch.tensor(table.inv_width, dtype=dtype)
 
 
