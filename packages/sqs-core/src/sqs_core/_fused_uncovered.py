@@ -144,14 +144,18 @@ def _nearby_inputs(u, bins, theta, gate_logits, mask, window_ids, grad_mean, gra
     return theta[u], window_ids[u].long(), lam, lam_raw, grad_mean[u], gv, flat
 
 
-def _nearby_vjp(th, mu, inv_std, const, total_mu, total_sq, gm, gv, lam, lam_raw, scalars):
-    """Backward of uncovered weights on gathered (width, n) columns in one kernel: θ^avg (and Var)
+def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars):
+    """Backward of uncovered weights in one kernel: their (width, n) columns of the flat (W·K,) ``tables``
+    (μ, 1/σ, log π − log σ − ½ log 2π) at the component indices ``flat`` and their windows' ``totals``
+    (Σ_k μ_k, Σ_k (μ_k² + σ_k²) or None) gathered inside it (no column is written out), θ^avg (and Var)
     recomputed and differentiated by ``torch.func.vjp`` with cotangents ∂L/∂θ^avg·λ̃ − 2 ∂L/∂Var·λ̃² m and
     ∂L/∂Var·λ̃ (Var = λ̃ s − (λ̃ m)² + ...), so no intermediate leaves the kernel (AOTAutograd would store
     them between its forward and backward graphs). Returns (the moments' part of ∂/∂s̃, ∂/∂θ, ∂/∂ of the
     μ, 1/σ and log π − log σ − ½ log 2π columns, of Σ_k μ_k and, with Var (``gv``), of Σ_k (μ_k² + σ_k²));
     the caller sums the column gradients into the (W, K) parameters, deterministically."""
     lumped, temperature, tau, spike_var = scalars
+    mu, inv_std, const = (t[flat] for t in tables)
+    total_mu, total_sq = totals[0][wid], (None if gv is None else totals[1][wid])
     if gv is None:
 
         def mean_of(th, mu, inv_std, const, total_mu):
@@ -257,8 +261,8 @@ def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearb
 
 
 def _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec):
-    """:func:`block_gradients` of a block in lumpable bins: its inputs gathered by one kernel, its columns of
-    the (W, K) tables by ``index_select``, values and gradients by one :func:`_nearby_vjp` kernel; the column
+    """:func:`block_gradients` of a block in lumpable bins: its inputs gathered by one kernel, values and
+    gradients by one :func:`_nearby_vjp` kernel (which gathers its columns of the (W, K) tables); the column
     gradients are summed into the tables by ``index_add_`` and taken through the small graph
     tables ← (μ, log σ, mixing logits) by autograd."""
     means, log_stds, mixing_logits = leaves
@@ -268,11 +272,12 @@ def _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nea
         totals = [means.sum(-1)] + ([_level_sq_totals(means, log_stds)] if second else [])
     th, wid, lam, lam_raw, gm, gv, components = KERNELS["_nearby_inputs"](u, bins, *inputs, nearby, tau)
     flat = components.reshape(-1)
-    columns = [t.detach().reshape(-1).index_select(0, flat).view(components.shape) for t in tables]
-    per_weight = [t.detach().index_select(0, wid) for t in totals] + ([] if second else [None])
+    flat_tables = [t.detach().reshape(-1) for t in tables]
+    window_totals = [t.detach() for t in totals] + ([] if second else [None])
     lumped = _scalar(float(means.shape[1] - components.shape[0]))
     scalars = (lumped, _scalar(spec.temperature), tau, _scalar(spec.spike_variance))
-    g_gate_u, g_th, *column_grads = KERNELS["_nearby_vjp"](th, *columns, *per_weight, gm, gv, lam, lam_raw, scalars)
+    args = (th, components, flat_tables, window_totals, wid, gm, gv, lam, lam_raw, scalars)
+    g_gate_u, g_th, *column_grads = KERNELS["_nearby_vjp"](*args)
     outputs = [*tables, *totals]
     grads_out = [t.new_zeros(t.shape) for t in outputs]
     jobs = [(g.view(-1), flat, c.reshape(-1)) for g, c in zip(grads_out[:3], column_grads[:3], strict=True)]
