@@ -108,7 +108,7 @@ def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, wi
     config = sqs.SQSConfig(num_components=32, windows=windows, responsibility="paper", temperature=5e-4)
     p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
     with torch.no_grad():
-        p.log_stds.sub_(narrowing)  # narrow components: many weights lie ≥ 10σ from all of them
+        p.log_stds.sub_(narrowing)  # narrower components: more weights lie ≥ 10σ from all of them
         p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=torch.float64))
         p.mask.view(-1)[::7] = False
     theta, wid = p.weight.reshape(-1), p.window_ids.reshape(-1)

@@ -14,7 +14,8 @@ weights: λ̃ = sigmoid(s̃/τ') (eq. lambda-prime), the one-hot certificate (:m
   lumpable bins is one kernel that gathers its inputs, looks up its bins' 4, 8 or 16 nearby components and evaluates
   φ with the loop over components unrolled; the other uncovered weights, φ on all K with the components
   along the first dimension so that the reductions over k vectorise along the weights. Backward recomputes
-  both from eagerly gathered columns, values and gradients by AOTAutograd;
+  both: a nearby block by one input kernel and one ``torch.func.vjp`` kernel that gathers its own columns of
+  the (W, K) tables, a full block from eagerly gathered columns, values and gradients by AOTAutograd;
 * the gate KL on its own (sqs_core._gate_kl, when a forward's KL is not at hand): one float64 reduction
   over all T weights; its backward one kernel per chunk.
 
@@ -39,10 +40,10 @@ import torch.nn.functional as F
 from . import chunked
 from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
-from ._fused_uncovered import bin_of, bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
+from ._fused_uncovered import bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
 from ._index_add import index_add_all
 from .chunked import _chunk_ranges, _gate_probs, _variance, kl_accumulator, kl_grad
-from .onehot import CERTIFIED, _bin_bounds, bin_table, uncovered_blocks
+from .onehot import CERTIFIED, _bin_bounds, bin_of, bin_table, uncovered_blocks
 
 __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
 

@@ -6,7 +6,7 @@ on a bin's nearby components with the loop over components unrolled; the forward
 lumpable bins, which gathers its own inputs; backward's input gathering and its ``torch.func.vjp``
 recomputation. And the per-block glue FusedPosteriorMoments calls: ``nearby_block`` and
 ``full_block`` in forward, ``block_gradients`` in backward (``unpack_blocks`` rebuilds the blocks from the
-saved tensors); ``bin_of``, the bin lookup the kernels share.
+saved tensors); ``bin_scalars``, the bin table's floats as inputs of onehot.bin_of in a kernel.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from ._compiled import _Kernel, _scalar
 from ._index_add import index_add_all
 from .chunked import _gate_probs, _variance, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
+from .onehot import bin_of
 
-__all__ = ["KERNELS", "bin_of", "bin_scalars", "block_gradients", "full_block", "nearby_block", "unpack_blocks"]
+__all__ = ["KERNELS", "bin_scalars", "block_gradients", "full_block", "nearby_block", "unpack_blocks"]
 
 
 def _log_density_columns(th, mu, log_std, log_mix):
@@ -90,14 +91,8 @@ def _fold(op, rows):
     return out
 
 
-def bin_of(theta, low, inv_width, count):
-    """onehot.bin_index inside a kernel (``low``, ``inv_width``: 0-d tensors): every compiled kernel finds a
-    weight's bin with this one expression, so that they agree on it."""
-    return ((theta - low) * inv_width).long().clamp(0, count - 1)
-
-
 def bin_scalars(table, dtype):
-    """The BinTable's ``low`` and ``inv_width`` as kernel inputs (:func:`bin_of`) in the weights' ``dtype``, as
+    """The BinTable's ``low`` and ``inv_width`` as kernel inputs (onehot.bin_of) in the weights' ``dtype``, as
     onehot.bin_index computes (float64 ones would make inductor convert every θ), at least float32 (B / range
     overflows float16)."""
     dtype = torch.promote_types(dtype, torch.float32)

@@ -45,6 +45,7 @@ __all__ = [
     "bin_components",
     "bin_count",
     "bin_index",
+    "bin_of",
     "bin_table",
     "certify_one_hot",
     "classify",
@@ -154,7 +155,14 @@ def _bin_bounds(left, right, mu, log_std, log_mixing, pad: int):
 
 def bin_index(theta: torch.Tensor, table: BinTable) -> torch.Tensor:
     """The bin of each weight (int64)."""
-    return ((theta - table.low) * table.inv_width).long().clamp_(0, table.owner.numel() - 1)
+    return bin_of(theta, table.low, table.inv_width, table.owner.numel())
+
+
+def bin_of(theta, low, inv_width, count):
+    """The bin (int64) of weights ``theta`` in ``count`` bins from ``low``, ``inv_width`` bins per unit: the one
+    expression of :func:`bin_index` and of the compiled kernels (sqs_core._fused), which pass ``low`` and
+    ``inv_width`` as 0-d tensors so that their values are not baked into the graphs."""
+    return ((theta - low) * inv_width).long().clamp(0, count - 1)
 
 
 def window_value_ranges(theta: torch.Tensor, window_ids: torch.Tensor, num_windows: int) -> torch.Tensor:
