@@ -1,6 +1,7 @@
 """The one-hot certificate (sqs_core.onehot): a certified weight really has a one-hot φ, and it fires."""
 
 import math
+from unittest import mock
 
 import pytest
 import sqs_core as sqs
@@ -8,9 +9,17 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqs_core import chunked
+from sqs_core import chunked, onehot
 from sqs_core.mixture import component_log_density, log_responsibilities
-from sqs_core.onehot import CERTIFY_MARGIN, NEARBY_WIDTHS, bin_table, certify_one_hot, classify, uncovered_blocks
+from sqs_core.onehot import (
+    CERTIFY_MARGIN,
+    NEARBY_WIDTHS,
+    bin_table,
+    certify_one_hot,
+    classify,
+    flat_indices,
+    uncovered_blocks,
+)
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
 
@@ -154,3 +163,14 @@ def test_certified_fraction_is_a_share_of_one_hot_rows():
         one_hot = float((posterior.responsibilities().max(1).values == 1).float().mean())
         assert 0.0 <= shares[temperature] <= one_hot
     assert shares[5e-4] > 0.9 and shares[0.5] == 0.0
+
+
+@given(bits=st.lists(st.booleans(), max_size=200), chunk=st.integers(1, 70))
+def test_flat_indices_are_nonzero_as_int32_across_chunks(bits, chunk):
+    """flat_indices finds mask.nonzero() chunk by chunk (here chunks of 1–70 entries, so that a mask spans
+    several, ends inside one, or is empty) and returns them as int32."""
+    mask = torch.tensor(bits, dtype=torch.bool)
+    with mock.patch.object(onehot, "INDEX_CHUNK", chunk):
+        got = flat_indices(mask)
+    assert got.dtype == torch.int32
+    assert torch.equal(got.long(), mask.nonzero().squeeze(1))

@@ -281,5 +281,5 @@ def _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nea
         if g is not None:
             acc += g.reshape(-1)
     if g_theta is not None:
-        g_theta.index_copy_(0, u, g_th.to(g_theta.dtype))
+        g_theta[u] = g_th.to(g_theta.dtype)  # index_copy_ takes int64 indices only
     g_gate.index_add_(0, u, g_gate_u)

@@ -317,7 +317,7 @@ def recomputed_grads(param_grads, g_theta, where, leaves, th, evaluate, gm, gv, 
         if g is not None:
             acc += g.reshape(-1)
     if g_theta is not None and grads[3] is not None:
-        g_theta[where[0] :].index_copy_(0, where[1], grads[3].to(g_theta.dtype))
+        g_theta[where[0] :][where[1]] = grads[3].to(g_theta.dtype)  # index_copy_ takes int64 indices only
     return m.detach(), (s.detach() if s is not None else None)
 
 

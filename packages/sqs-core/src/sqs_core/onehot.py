@@ -49,6 +49,7 @@ __all__ = [
     "bin_table",
     "certify_one_hot",
     "classify",
+    "flat_indices",
     "lump_log_density",
     "owns_bin",
     "uncovered_blocks",
@@ -57,6 +58,7 @@ __all__ = [
 
 CERTIFY_MARGIN = 40.0  # nats: every non-winning φ_j ≤ e^{-40} on a certified weight
 NEARBY = 16  # components an uncovered weight is evaluated on when the others are negligible (paper formula)
+INDEX_CHUNK = 1 << 20  # entries of a bool mask per nonzero call in flat_indices
 NEARBY_WIDTHS = (4, 8, NEARBY)  # a bin takes the narrowest of these that leaves only negligible components out
 CERTIFIED = 255  # the class (:func:`classify`) of a certified weight
 
@@ -229,16 +231,30 @@ def uncovered_blocks(
 ) -> Iterator[tuple[torch.Tensor, int]]:
     """(indices, width) of the weights :func:`classify` did not certify, in non-empty blocks of
     ``block_elements`` // width (all K: width 0, ``block_elements`` // K): one ``nonzero`` over all weights,
-    then one over the uncovered per width (the indices as ``index_select``: one pass, not two)."""
-    uncovered = (classes != CERTIFIED).nonzero().squeeze(1)
+    then one over the uncovered per width (the indices as ``index_select``: one pass, not two), each by
+    :func:`flat_indices`."""
+    uncovered = flat_indices(classes != CERTIFIED)
     groups = [(uncovered, 0)]
     if uncovered.numel() and table.any_lumpable:
         widths = classes.index_select(0, uncovered)
-        groups = [(uncovered.index_select(0, (widths == w).nonzero().squeeze(1)), w) for w in (*NEARBY_WIDTHS, 0)]
+        groups = [(uncovered.index_select(0, flat_indices(widths == w)), w) for w in (*NEARBY_WIDTHS, 0)]
     for indices, width in groups:
         for block in torch.split(indices, max(1, block_elements // (width or k))):
             if block.numel():
                 yield block, width
+
+
+def flat_indices(mask: torch.Tensor) -> torch.Tensor:
+    """The indices of a flat bool ``mask``'s true entries, as ``mask.nonzero()`` but int32 where they fit
+    (int64 past 2³¹ − 1 entries), found INDEX_CHUNK entries at a time: a training step keeps its uncovered
+    weights' indices from forward to backward (4 bytes each, not 8), and no int64 index of all of them is
+    made on the way (on the CPU also faster: 69 against 105 ms for the 5.7M uncovered of 16.8M weights)."""
+    if mask.numel() > torch.iinfo(torch.int32).max:
+        return mask.nonzero().squeeze(1)
+    parts = [mask[a : a + INDEX_CHUNK].nonzero().squeeze(1).int().add_(a) for a in range(0, mask.numel(), INDEX_CHUNK)]
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int32, device=mask.device)
 
 
 def bin_components(table: BinTable, theta: torch.Tensor, width: int) -> torch.Tensor | None:

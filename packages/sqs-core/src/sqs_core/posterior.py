@@ -130,6 +130,7 @@ class SpikeGMMPosterior(nn.Module):
         flat = (*(t.reshape(-1) for t in weights), self.means, self.log_stds, self.mixing_logits)
         flat = (*flat, self.mask.reshape(-1), self.window_ids.reshape(-1))
         component_kl = self.component_kl() if with_kl else None
+        self._kstar = None  # the last forward's k* (T bytes) is not kept alive beside this one's
         mean, var, kstar, kl = posterior_moments(flat, self.spec(), second, self._window_ranges(), component_kl)
         self._kstar = kstar
         self._pending_kl = (kl, self._kl_key()) if with_kl else None
