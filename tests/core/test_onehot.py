@@ -165,12 +165,16 @@ def test_certified_fraction_is_a_share_of_one_hot_rows():
     assert shares[5e-4] > 0.9 and shares[0.5] == 0.0
 
 
-@given(bits=st.lists(st.booleans(), max_size=200), chunk=st.integers(1, 70))
-def test_flat_indices_are_nonzero_as_int32_across_chunks(bits, chunk):
+@given(
+    bits=st.lists(st.booleans(), max_size=200),
+    chunk=st.integers(1, 70),
+    dtype=st.sampled_from([torch.int32, torch.int64]),
+)
+def test_flat_indices_are_nonzero_across_chunks(bits, chunk, dtype):
     """flat_indices finds mask.nonzero() chunk by chunk (here chunks of 1–70 entries, so that a mask spans
-    several, ends inside one, or is empty) and returns them as int32."""
+    several, ends inside one, or is empty) and returns them as the dtype asked for."""
     mask = torch.tensor(bits, dtype=torch.bool)
     with mock.patch.object(onehot, "INDEX_CHUNK", chunk):
-        got = flat_indices(mask)
-    assert got.dtype == torch.int32
+        got = flat_indices(mask, dtype)
+    assert got.dtype == dtype
     assert torch.equal(got.long(), mask.nonzero().squeeze(1))

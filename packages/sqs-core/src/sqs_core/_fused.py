@@ -241,8 +241,8 @@ def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar
 
 class FusedPosteriorMoments(torch.autograd.Function):
     """chunked._PosteriorMoments with the per-weight passes fused: the same (θ^avg, Var or empty, k*, gate KL).
-    The uncovered weights' indices (and, in lumpable bins, the bins the forward kernel found: 12 bytes each,
-    8 on all K) are kept from forward to backward as saved tensors rather than found again."""
+    The uncovered weights' indices (and, in lumpable bins, the bins the forward kernel found: 8 bytes each,
+    4 on all K) are kept from forward to backward as saved tensors rather than found again."""
 
     @staticmethod
     def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, *settings):
@@ -253,7 +253,8 @@ class FusedPosteriorMoments(torch.autograd.Function):
         mean, var, kstar, classes, kl = _certified_moments(
             theta, gate_logits, mask, window_ids, log_stds, table, spec, second, component_kl
         )
-        blocks = list(uncovered_blocks(classes, table, means.shape[1], chunked.CHUNK_ELEMENTS))
+        # int32 indices: they are saved for backward
+        blocks = list(uncovered_blocks(classes, table, means.shape[1], chunked.CHUNK_ELEMENTS, torch.int32))
         inputs = (theta, gate_logits, means, log_stds, mask, window_ids, kstar)
         kl_table = None if component_kl is None else component_kl.detach().reshape(-1)
         scalars, saved_blocks = bin_scalars(table, theta.dtype), []

@@ -58,9 +58,9 @@ __all__ = [
 
 CERTIFY_MARGIN = 40.0  # nats: every non-winning φ_j ≤ e^{-40} on a certified weight
 NEARBY = 16  # components an uncovered weight is evaluated on when the others are negligible (paper formula)
-INDEX_CHUNK = 1 << 20  # entries of a bool mask per nonzero call in flat_indices
 NEARBY_WIDTHS = (4, 8, NEARBY)  # a bin takes the narrowest of these that leaves only negligible components out
 CERTIFIED = 255  # the class (:func:`classify`) of a certified weight
+INDEX_CHUNK = 1 << 20  # entries of a bool mask per nonzero call in flat_indices
 
 
 def lump_log_density(dtype: torch.dtype) -> float:
@@ -227,34 +227,33 @@ def classify(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTable):
 
 
 def uncovered_blocks(
-    classes: torch.Tensor, table: BinTable, k: int, block_elements: int
+    classes: torch.Tensor, table: BinTable, k: int, block_elements: int, index_dtype: torch.dtype = torch.int64
 ) -> Iterator[tuple[torch.Tensor, int]]:
     """(indices, width) of the weights :func:`classify` did not certify, in non-empty blocks of
     ``block_elements`` // width (all K: width 0, ``block_elements`` // K): one ``nonzero`` over all weights,
     then one over the uncovered per width (the indices as ``index_select``: one pass, not two), each by
-    :func:`flat_indices`."""
-    uncovered = flat_indices(classes != CERTIFIED)
+    :func:`flat_indices` with ``index_dtype``."""
+    uncovered = flat_indices(classes != CERTIFIED, index_dtype)
     groups = [(uncovered, 0)]
     if uncovered.numel() and table.any_lumpable:
         widths = classes.index_select(0, uncovered)
-        groups = [(uncovered.index_select(0, flat_indices(widths == w)), w) for w in (*NEARBY_WIDTHS, 0)]
+        groups = [(uncovered.index_select(0, flat_indices(widths == w, index_dtype)), w) for w in (*NEARBY_WIDTHS, 0)]
     for indices, width in groups:
         for block in torch.split(indices, max(1, block_elements // (width or k))):
             if block.numel():
                 yield block, width
 
 
-def flat_indices(mask: torch.Tensor) -> torch.Tensor:
-    """The indices of a flat bool ``mask``'s true entries, as ``mask.nonzero()`` but int32 where they fit
-    (int64 past 2³¹ − 1 entries), found INDEX_CHUNK entries at a time: a training step keeps its uncovered
-    weights' indices from forward to backward (4 bytes each, not 8), and no int64 index of all of them is
-    made on the way (on the CPU also faster: 69 against 105 ms for the 5.7M uncovered of 16.8M weights)."""
+def flat_indices(mask: torch.Tensor, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """The indices of a flat bool ``mask``'s true entries, as ``mask.nonzero()`` but as ``dtype`` (int64 past
+    2³¹ − 1 entries), found INDEX_CHUNK entries at a time, so that asking for int32 makes no int64 index of
+    all of them on the way. int32 is for indices kept a while (a compiled training step keeps its uncovered
+    weights' from forward to backward: 4 bytes each, not 8); eager indexing with int32 is 10–50% slower."""
     if mask.numel() > torch.iinfo(torch.int32).max:
-        return mask.nonzero().squeeze(1)
-    parts = [mask[a : a + INDEX_CHUNK].nonzero().squeeze(1).int().add_(a) for a in range(0, mask.numel(), INDEX_CHUNK)]
-    if len(parts) == 1:
-        return parts[0]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int32, device=mask.device)
+        dtype = torch.int64
+    starts = range(0, max(mask.numel(), 1), INDEX_CHUNK)  # an empty mask: one empty part
+    parts = [mask[a : a + INDEX_CHUNK].nonzero().squeeze(1).to(dtype).add_(a) for a in starts]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def bin_components(table: BinTable, theta: torch.Tensor, width: int) -> torch.Tensor | None:
