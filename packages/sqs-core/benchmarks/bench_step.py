@@ -16,8 +16,13 @@ modes alternate for ``--rounds`` rounds (default 2; this VM's speed drifts over 
 is its fastest round's, its peak RSS the largest of its rounds. Writes JSON to docs/results/step_bench.json
 and prints a table. ``--steps N`` (N ≥ 15) runs N steps per process and also reports ``late_step_s``, the median of
 the last five: the certified share falls as training moves the means, and the step's cost with it.
+``--zero-grad first`` frees the last step's gradients before the forward (pytorch/examples' loop) instead of
+after it. On the CPU, peak RSS depends on the allocator: the JSON records ``LD_PRELOAD`` and ``GLIBC_TUNABLES``,
+which every case inherits (docs/method.md, "The allocator"). ``--device cuda`` runs every case on a GPU, with
+the steps' peak of allocated CUDA memory (torch.cuda.max_memory_allocated, prepare_'s K-means reported apart)
+in place of peak RSS; not yet run on a GPU by us (no GPU was lent so far).
 Usage: python bench_step.py [--quick] [--warm-cache] [--rounds N] [--steps N] [--only KIND:BATCH ...]
-[--modes plain sqs sqs-compiled] [--out FILE]
+[--modes plain sqs sqs-compiled] [--zero-grad first|after-forward] [--device cpu|cuda] [--out FILE]
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ CASE = r"""
 import json, resource, sys, time, torch, torch.nn as nn, torch.nn.functional as F
 import sqs_core as sqs
 kind, mode, batch, k, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+dev = torch.device(sys.argv[6]); cuda = dev.type == "cuda"; zero_grad_first = sys.argv[7] == "first"
+sync = torch.cuda.synchronize if cuda else (lambda: None)
 torch.manual_seed(0)
 def resnet20():
     class Block(nn.Module):
@@ -52,11 +59,12 @@ def resnet20():
             layers.append(Block(i, o, st if j == 0 else 1)); i = o
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
 if kind == "resnet20":
-    model = resnet20(); x = torch.randn(batch, 3, 32, 32); y = torch.randint(0, 10, (batch,)); loss_fn = lambda out: F.cross_entropy(out, y)
+    model = resnet20().to(dev); x = torch.randn(batch, 3, 32, 32).to(dev); y = torch.randint(0, 10, (batch,)).to(dev)
+    loss_fn = lambda out: F.cross_entropy(out, y)
 else:  # linear4096: a random regression target; linear4096-distill: the layer's own fp32 output
-    model = nn.Sequential(nn.Linear(4096, 4096)); x = torch.randn(batch, 4096)
+    model = nn.Sequential(nn.Linear(4096, 4096)).to(dev); x = torch.randn(batch, 4096).to(dev)
     with torch.no_grad():
-        target = model(x) if kind.endswith("distill") else torch.randn(batch, 4096)
+        target = model(x) if kind.endswith("distill") else torch.randn(batch, 4096).to(dev)
     loss_fn = lambda out: F.mse_loss(out, target)
 if mode.startswith("sqs"):
     sqs.prepare_(model, sqs.SQSConfig(num_components=k, windows="outlier", compile_kernels=mode == "sqs-compiled"))
@@ -67,10 +75,20 @@ else:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loss_of = loss_fn
 base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if cuda:  # the steps' own peak of allocated tensor memory (prepare_'s K-means reported apart)
+    sync(); setup_peak = torch.cuda.max_memory_allocated(); torch.cuda.reset_peak_memory_stats()
 times = []
 for r in range(repeats + 1):
-    t = time.perf_counter(); loss = loss_of(model(x)); opt.zero_grad(); loss.backward(); opt.step(); times.append(time.perf_counter() - t)
+    sync(); t = time.perf_counter()
+    if zero_grad_first:  # pytorch/examples' order: the last step's gradients are freed before the forward
+        opt.zero_grad()
+    loss = loss_of(model(x))
+    if not zero_grad_first:  # they live through the forward
+        opt.zero_grad()
+    loss.backward(); opt.step(); sync(); times.append(time.perf_counter() - t)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+gpu = {"peak_allocated_mib": torch.cuda.max_memory_allocated() / 2**20, "peak_reserved_mib": torch.cuda.max_memory_reserved() / 2**20,
+       "setup_peak_allocated_mib": setup_peak / 2**20} if cuda else {}
 certified = None
 if mode.startswith("sqs"):  # the share of weights the one-hot certificate covers after the last step
     sizes_and_shares = [(p.weight.numel(), p.certified_fraction()) for p in sqs.posteriors(model).values()]
@@ -78,46 +96,48 @@ if mode.startswith("sqs"):  # the share of weights the one-hot certificate cover
 median = lambda ts: sorted(ts)[len(ts) // 2]
 print(json.dumps({"step_s": median(times[1:6]), "late_step_s": median(times[-5:]) if len(times) >= 15 else None, "steps_s": times, "first_step_s": times[0], "peak_rss_mib": peak / 1024,
                   "rss_before_mib": base_rss / 1024, "certified_fraction": certified,
-                  "params_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20}))
+                  "params_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, **gpu}))
 """
 
 
 MODES = ("plain", "sqs", "sqs-compiled")
 
 
-def run_case(kind, mode, batch, k, repeats, cache_dir=None):
-    """One process; ``cache_dir``: the inductor cache it compiles into (None: the user's)."""
+def run_case(kind, mode, batch, k, repeats, cache_dir=None, device="cpu", zero_grad="after-forward"):
+    """One process; ``cache_dir``: the inductor cache it compiles into (None: the user's). Its ``peak_mib``:
+    peak RSS on the CPU, the steps' peak of allocated CUDA memory on a GPU."""
     env = dict(os.environ)
     if cache_dir is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     out = subprocess.run(
-        [sys.executable, "-c", CASE, kind, mode, str(batch), str(k), str(repeats)],
+        [sys.executable, "-c", CASE, kind, mode, str(batch), str(k), str(repeats), device, zero_grad],
         capture_output=True,
         text=True,
         check=True,
         env=env,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["peak_mib"] = result.get("peak_allocated_mib", result["peak_rss_mib"])
     if mode == "sqs-compiled":
         result["compile_s"] = result["first_step_s"] - result["step_s"]
     return result
 
 
-def run_rounds(kind, batch, k, repeats, rounds, warm_cache, modes=MODES):
+def run_rounds(kind, batch, k, repeats, rounds, warm_cache, modes=MODES, device="cpu", zero_grad="after-forward"):
     """The three modes in turn, ``rounds`` times (this VM's speed drifts by ±20% over minutes, so the modes
     alternate). Per mode: the round with the fastest median step (its peak RSS and certified share), the
-    largest peak RSS of all rounds (``peak_rss_max_mib``) and every round. The compiled mode's first round
+    largest peak of all rounds (``peak_max_mib``: RSS, or allocated CUDA memory) and every round. The compiled mode's first round
     compiles into an empty inductor cache (unless ``warm_cache``), the later ones reuse it."""
     runs = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
         for _ in range(rounds):
             for mode in modes:
                 cache_dir = cache if mode == "sqs-compiled" and not warm_cache else None
-                runs[mode].append(run_case(kind, mode, batch, k, repeats, cache_dir))
+                runs[mode].append(run_case(kind, mode, batch, k, repeats, cache_dir, device, zero_grad))
     best = {}
     for mode, results in runs.items():
         best[mode] = dict(min(results, key=lambda r: r["step_s"]))
-        best[mode]["peak_rss_max_mib"] = max(r["peak_rss_mib"] for r in results)
+        best[mode]["peak_max_mib"] = max(r["peak_mib"] for r in results)
         best[mode]["rounds"] = results
         if mode == "sqs-compiled":  # the cost of compiling: the first round's first step
             best[mode]["first_step_s"] = results[0]["first_step_s"]
@@ -132,7 +152,7 @@ def _row(kind, batch, k, best):
     for mode, suffix in (("sqs", ""), ("sqs-compiled", "_compiled")):
         if mode in best:
             row["time_ratio" + suffix] = best[mode]["step_s"] / plain["step_s"]
-            row["peak_memory_ratio" + suffix] = best[mode]["peak_rss_max_mib"] / plain["peak_rss_max_mib"]
+            row["peak_memory_ratio" + suffix] = best[mode]["peak_max_mib"] / plain["peak_max_mib"]
             if plain["late_step_s"] is not None:
                 row["late_time_ratio" + suffix] = best[mode]["late_step_s"] / plain["late_step_s"]
     return row
@@ -147,7 +167,7 @@ def _summary(row):
             late = f", late x{row['late_time_ratio' + suffix]:.2f}" if "late_time_ratio" + suffix in row else ""
             parts.append(
                 f"{mode} {r['step_s']:.3f}s (x{row['time_ratio' + suffix]:.2f}{late}, first {r['first_step_s']:.1f}s, "
-                f"peak RSS x{row['peak_memory_ratio' + suffix]:.2f}, certified {r['certified_fraction']:.4f})"
+                f"peak x{row['peak_memory_ratio' + suffix]:.2f}, certified {r['certified_fraction']:.4f})"
             )
     return "; ".join(parts)
 
@@ -159,6 +179,13 @@ def _arguments():
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each mode; the fastest counts")
     parser.add_argument("--steps", type=int, default=None, help="steps per process (default 6, --quick 3)")
     parser.add_argument("--only", nargs="+", default=None, metavar="KIND:BATCH", help="run only these cases")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (a GPU: peak = allocated CUDA memory)")
+    parser.add_argument(
+        "--zero-grad",
+        default="after-forward",
+        choices=("first", "after-forward"),
+        help="where the loop frees the last gradients: after the forward (the published figures) or first (pytorch/examples)",
+    )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="plain is always run")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).resolve().parents[3] / "docs/results/step_bench.json"
@@ -166,6 +193,13 @@ def _arguments():
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        parser.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
+    if args.device != "cpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA device")
     if args.steps is not None and args.steps < 2:
         parser.error(f"--steps must be at least 2 (the first step is reported apart), got {args.steps}")
     batches = (256,) if args.quick else (256, 2048, 8192)
@@ -185,7 +219,7 @@ def main() -> None:
     args, cases, modes, steps = _arguments()
     rows = []
     for kind, batch, k in cases:
-        best = run_rounds(kind, batch, k, steps - 1, args.rounds, args.warm_cache, modes)
+        best = run_rounds(kind, batch, k, steps - 1, args.rounds, args.warm_cache, modes, args.device, args.zero_grad)
         rows.append(_row(kind, batch, k, best))
         print(_summary(rows[-1]), flush=True)
     machine = {
@@ -198,8 +232,13 @@ def main() -> None:
 
     machine["torch"] = torch.__version__
     machine["torch_threads"] = torch.get_num_threads()
+    # the allocator changes peak RSS and speed on the CPU (docs/method.md, "Memory"): glibc's unless preloaded
+    machine["ld_preload"] = os.environ.get("LD_PRELOAD") or None
+    machine["glibc_tunables"] = os.environ.get("GLIBC_TUNABLES") or None
+    machine["device"] = args.device if args.device == "cpu" else torch.cuda.get_device_name(args.device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": machine, "date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=2))
+    run = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "zero_grad": args.zero_grad, "rows": rows}
+    args.out.write_text(json.dumps(run, indent=2))
     print(f"wrote {args.out}")
 
 

@@ -1,0 +1,102 @@
+"""The library on a CUDA device against the same model on the CPU (skipped where torch sees no GPU).
+
+CI has no GPU; these run wherever one is present (the developers' lent H100). float64 throughout, so the
+two devices may differ only by the order of floating-point sums.
+"""
+
+import copy
+
+import pytest
+import sqs_core as sqs
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch"),
+    # inductor's own use of torch.jit.script_method, not ours (its numpy warning: pyproject.toml)
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+]
+CUDA = torch.device("cuda")
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 6 * 6, 40),
+        nn.ReLU(),
+        nn.Linear(40, 5),
+    ).double()
+
+
+def _data(device):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(16, 3, 6, 6, generator=g, dtype=torch.float64).to(device), torch.arange(16).remainder(5).to(
+        device
+    )
+
+
+def _prepared(compiled, device, prepare_on_device):
+    config = sqs.SQSConfig(num_components=8, compile_kernels=compiled, temperature=0.05)
+    model = _net()
+    if prepare_on_device:
+        model.to(device)
+    sqs.prepare_(model, config)
+    return model.to(device)
+
+
+def _train(model, device, steps):
+    """``steps`` AdamW steps of the SQS objective; the last step's loss and gradients (on the CPU)."""
+    x, y = _data(device)
+    objective = sqs.Objective(model, num_data=1000)
+    opt = torch.optim.AdamW(sqs.param_groups(model, other_lr=1e-3))
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = objective(F.cross_entropy(model(x), y))
+        loss.backward()
+        grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.grad is not None}
+        opt.step()
+    return loss.detach().cpu(), grads
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("prepare_on_device", [False, True], ids=["moved", "prepared-on-gpu"])
+def test_training_steps_match_the_cpu(compiled, prepare_on_device):
+    """prepare_ (on the GPU, or on the CPU and moved), three AdamW steps: the loss and every gradient of
+    the last step agree with the CPU's to float64 summation-order error."""
+    cpu_loss, cpu_grads = _train(_prepared(compiled, torch.device("cpu"), False), torch.device("cpu"), 3)
+    gpu_loss, gpu_grads = _train(_prepared(compiled, CUDA, prepare_on_device), CUDA, 3)
+    torch.testing.assert_close(gpu_loss, cpu_loss, rtol=1e-9, atol=1e-12)
+    assert gpu_grads.keys() == cpu_grads.keys()
+    for name, grad in cpu_grads.items():
+        torch.testing.assert_close(gpu_grads[name], grad, rtol=1e-7, atol=1e-10, msg=name)
+
+
+def test_inference_and_artifact_match_the_cpu(tmp_path):
+    """greedy_, sample_ (a CPU generator), BayesianAverage and an artifact saved from the GPU model agree
+    with the CPU model's."""
+    cpu = _prepared(False, torch.device("cpu"), False)
+    _train(cpu, torch.device("cpu"), 2)
+    cpu.eval()
+    gpu = copy.deepcopy(cpu).to(CUDA)
+    x, _ = _data(torch.device("cpu"))
+    average = sqs.BayesianAverage(cpu, samples=3, generator=torch.Generator().manual_seed(5))
+    gpu_average = sqs.BayesianAverage(gpu, samples=3, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(gpu_average(x.to(CUDA)).cpu(), average(x), rtol=1e-9, atol=1e-12)
+    sqs.save(gpu, tmp_path / "gpu.sqs")
+    sqs.save(cpu, tmp_path / "cpu.sqs")
+    assert (tmp_path / "gpu.sqs").read_bytes() == (tmp_path / "cpu.sqs").read_bytes()
+    for infer in (sqs.greedy_, lambda m: sqs.sample_(m, generator=torch.Generator().manual_seed(3))):
+        want = copy.deepcopy(cpu)
+        got = copy.deepcopy(gpu)
+        infer(want)
+        infer(got)
+        for (name, a), (_, b) in zip(want.state_dict().items(), got.state_dict().items(), strict=True):
+            torch.testing.assert_close(b.cpu(), a, rtol=0, atol=0, msg=name)
+    loaded = sqs.load(tmp_path / "gpu.sqs", _net().to(CUDA)).eval()
+    greedy = sqs.greedy_(copy.deepcopy(cpu)).eval()
+    torch.testing.assert_close(loaded(x.to(CUDA)).cpu(), greedy(x), rtol=1e-9, atol=1e-12)
