@@ -260,8 +260,8 @@ class FusedPosteriorMoments(torch.autograd.Function):
         scalars, saved_blocks = bin_scalars(table, theta.dtype), []
         for u, width in blocks:
             if width:
-                nearby = (table.nearby[:, :width], *scalars)
-                results = nearby_block(u, inputs, nearby, log_mix, spec, second, kl_table)
+                lookup = (table.nearby[:, :width], *scalars)  # the block's (B, width) components, bin_of's floats
+                results = nearby_block(u, inputs, lookup, log_mix, spec, second, kl_table)
             else:
                 results = full_block(u, inputs, log_mix, spec, second, kl_table)
             mean_u, var_u, levels, correction, bins = results
@@ -290,8 +290,10 @@ class FusedPosteriorMoments(torch.autograd.Function):
         one_hot = (gate_logits, mask, window_ids, kstar, classes, means, log_stds, component_kl, grad_mean, gv)
         g_gate = _one_hot_gradients(param_grads, g_comp, *one_hot, grad_kl, spec)
         inputs = (theta, gate_logits, mask, window_ids, grad_mean, gv)
+        nearby = rest[0]  # the bin table's (B, 16) nearby components; a block of width w uses the first w
         for u, bins, width in unpack_blocks(rest[1:], ctx.widths):  # the uncovered weights: recomputed, as in chunked
-            block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, rest[0][:, :width], spec)
+            components = nearby[:, :width] if width else None  # None: a full block (all K)
+            block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, components, spec)
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
         return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
 

@@ -99,15 +99,15 @@ def bin_scalars(table, dtype):
     return torch.tensor(table.low, dtype=dtype), torch.tensor(table.inv_width, dtype=dtype)
 
 
-def _nearby_forward(u, theta, gate_logits, mask, window_ids, kstar, nearby, tables, totals, scalars, kl_table):
+def _nearby_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tables, totals, scalars, kl_table):
     """θ^avg, Var or None, k*, the gate-KL correction (or None) and the bins (int32, for backward) of the
     uncovered weights ``u`` in lumpable bins: their inputs gathered, their bins found again and their nearby
-    components (``nearby``: the (B, width) table, ``low``, ``inv_width``) looked up in the (W·K,) ``tables``
+    components (``lookup``: the (B, width) table, ``low``, ``inv_width``) looked up in the (W·K,) ``tables``
     (μ, 1/σ, log π − log σ − ½ log 2π) and :func:`_nearby_rows`, in one kernel (the forward needs no graph).
     ``totals``: (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: L, τ, τ', K, σ_0²."""
     lumped, temperature, tau, k, spike_var = scalars
     th, wid = theta[u], window_ids[u].long()
-    table, low, inv_width = nearby
+    table, low, inv_width = lookup
     bins = bin_of(th, low, inv_width, table.shape[0])
     flat = [table[:, c][bins] for c in range(table.shape[1])]
     mu, inv_std, const = ([t[i] for i in flat] for t in tables)
@@ -192,14 +192,14 @@ def _level_sq_totals(means, log_stds):
     return (means * means + torch.exp(2 * log_stds)).sum(-1)
 
 
-def nearby_block(u, inputs, nearby, log_mix, spec, second, kl_table):
-    """:func:`_nearby_forward` for one block whose bins take the (B, width) components ``nearby[0]``
-    (``nearby``: that table and :func:`bin_scalars`): (θ^avg, Var or None, k*, KL correction or None, bins)."""
+def nearby_block(u, inputs, lookup, log_mix, spec, second, kl_table):
+    """:func:`_nearby_forward` for one block whose bins take the (B, width) components ``lookup[0]``
+    (``lookup``: that table and :func:`bin_scalars`): (θ^avg, Var or None, k*, KL correction or None, bins)."""
     theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
     k = means.shape[1]
     tables = [t.detach().reshape(-1) for t in _nearby_tables(means, log_stds, log_mix)]
     totals = (means.detach().sum(-1), _level_sq_totals(means, log_stds).detach() if second else None)
-    lumped = float(k - nearby[0].shape[1])
+    lumped = float(k - lookup[0].shape[1])
     scalars = (
         _scalar(lumped),
         _scalar(spec.temperature),
@@ -207,7 +207,7 @@ def nearby_block(u, inputs, nearby, log_mix, spec, second, kl_table):
         k,
         _scalar(spec.spike_variance),
     )
-    args = (theta, gate_logits, mask, window_ids, kstar, nearby, tables, totals, scalars, kl_table)
+    args = (theta, gate_logits, mask, window_ids, kstar, lookup, tables, totals, scalars, kl_table)
     return KERNELS["_nearby_forward"](u, *args)
 
 
@@ -237,8 +237,8 @@ def unpack_blocks(tensors, widths):
 
 
 def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec):
-    """Recompute one block of uncovered weights (``bins`` None: on all K, else in ``bins``, whose components
-    the (B, width) table ``nearby`` lists) with a graph, accumulate their parameter gradients and add the
+    """Recompute one block of uncovered weights (``bins`` and ``nearby`` None: on all K, else in ``bins``, whose
+    components the (B, width) table ``nearby`` lists) with a graph, accumulate their parameter gradients and add the
     moments' part of their ∂/∂s̃ to ``g_gate``."""
     if bins is not None:
         return _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec)
