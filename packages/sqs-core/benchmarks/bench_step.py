@@ -18,7 +18,7 @@ and prints a table. ``--steps N`` (N ≥ 15) runs N steps per process and also r
 the last five: the certified share falls as training moves the means, and the step's cost with it.
 ``--zero-grad first`` frees the last step's gradients before the forward (pytorch/examples' loop) instead of
 after it. On the CPU, peak RSS depends on the allocator: the JSON records ``LD_PRELOAD`` and ``GLIBC_TUNABLES``,
-which every case inherits (docs/method.md, "The allocator"). ``--device cuda`` runs every case on a GPU, with
+which every case inherits (docs/method.md, "The loop order and the allocator"). ``--device cuda`` runs every case on a GPU, with
 the steps' peak of allocated CUDA memory (torch.cuda.max_memory_allocated, prepare_'s K-means reported apart)
 in place of peak RSS; not yet run on a GPU by us (no GPU was lent so far).
 Usage: python bench_step.py [--quick] [--warm-cache] [--rounds N] [--steps N] [--only KIND:BATCH ...]
@@ -193,13 +193,16 @@ def _arguments():
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    if args.device != "cpu" and not args.device.startswith("cuda"):
-        parser.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
-    if args.device != "cpu":
-        import torch
+    import torch
 
-        if not torch.cuda.is_available():
-            parser.error(f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA device")
+    try:
+        device_type = torch.device(args.device).type
+    except RuntimeError:
+        device_type = None
+    if device_type not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA device")
     if args.steps is not None and args.steps < 2:
         parser.error(f"--steps must be at least 2 (the first step is reported apart), got {args.steps}")
     batches = (256,) if args.quick else (256, 2048, 8192)
