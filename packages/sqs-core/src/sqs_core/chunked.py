@@ -146,7 +146,7 @@ class _PosteriorMoments(torch.autograd.Function):
         spec, second, g_comp = ctx.spec, ctx.second, kl_accumulator(component_kl, grad_kl)
         leaves = [p.detach().requires_grad_() for p in (means, log_stds, mixing_logits)]
         # float64 accumulators: millions of per-weight terms are summed into W·K entries
-        param_grads = [torch.zeros(p.numel(), dtype=torch.float64) for p in leaves]
+        param_grads = [torch.zeros(p.numel(), dtype=torch.float64, device=p.device) for p in leaves]
         g_theta = torch.zeros_like(theta) if ctx.needs_input_grad[0] else None
         g_gate = torch.empty_like(gate_logits)
         num_windows, k = means.shape

@@ -48,7 +48,7 @@ class DiscretePosterior:
         k = self.codebook.shape[1]
         flat = self.window_ids.long() * k + levels.reshape(-1).long()
         values = self.codebook.reshape(-1)[flat]
-        return torch.where(self.keep.reshape(-1), values, torch.zeros((), dtype=values.dtype)).reshape(self.shape)
+        return torch.where(self.keep.reshape(-1), values, 0.0).reshape(self.shape)
 
     def draw(self, generator: torch.Generator | None = None) -> torch.Tensor:
         """One draw of the levels: one uniform per weight (T of them, in flat order) from ``generator``."""

@@ -109,7 +109,7 @@ def bin_table(
     lo, hi = float(window_ranges[:, 0].min()), float(window_ranges[:, 1].max())
     bins = bin_count(th.numel())
     width = max(hi - lo, 1e-30) / bins
-    edges = lo + width * torch.arange(bins + 1, dtype=torch.float64)
+    edges = lo + width * torch.arange(bins + 1, dtype=torch.float64, device=means.device)
     # each bin is padded by 1% of its width on both sides, so θ rounded into a neighbouring bin stays covered
     left = (edges[:-1] - 0.01 * width).to(means.dtype)
     right = (edges[1:] + 0.01 * width).to(means.dtype)
@@ -172,15 +172,17 @@ def window_value_ranges(theta: torch.Tensor, window_ids: torch.Tensor, num_windo
     if num_windows == 1:
         return torch.stack(torch.aminmax(theta.detach())).reshape(1, 2)
     ids = window_ids.long()
-    low = torch.full((num_windows,), math.inf, dtype=theta.dtype).scatter_reduce(0, ids, theta, "amin")
-    high = torch.full((num_windows,), -math.inf, dtype=theta.dtype).scatter_reduce(0, ids, theta, "amax")
+    low = torch.full((num_windows,), math.inf, dtype=theta.dtype, device=theta.device)
+    low = low.scatter_reduce(0, ids, theta, "amin")
+    high = torch.full((num_windows,), -math.inf, dtype=theta.dtype, device=theta.device)
+    high = high.scatter_reduce(0, ids, theta, "amax")
     return torch.stack([low, high], dim=1)
 
 
 def _bin_owners(window_ranges, num_windows, left, right):
     """(B,) the window whose weights' range meets each bin, −1 where two ranges meet it."""
     if num_windows == 1:
-        return torch.zeros(left.numel(), dtype=torch.long)
+        return torch.zeros(left.numel(), dtype=torch.long, device=left.device)
     ranges = window_ranges.to(left.dtype)
     meets = (ranges[None, :, 0] <= right[:, None]) & (ranges[None, :, 1] >= left[:, None])
     first = meets.to(torch.uint8).argmax(1)

@@ -68,7 +68,7 @@ class SpikeGMMPosterior(nn.Module):
         self.register_buffer("window_ids", window_ids.to(dev))
         self.register_buffer("window_edges", edges.to(dev, dtype))
         self.register_buffer("mask", torch.ones(theta.shape, dtype=torch.bool, device=dev))
-        self.register_buffer("gate_temperature", torch.tensor(float(config.gate_temperature)))
+        self.register_buffer("gate_temperature", torch.tensor(float(config.gate_temperature), device=dev))
         self.config = config
         self._kstar: torch.Tensor | None = None
         self._pending_kl: tuple[torch.Tensor, tuple] | None = None  # (KL of the last forward, _kl_key then)
@@ -114,7 +114,7 @@ class SpikeGMMPosterior(nn.Module):
     @torch.no_grad()
     def effective_keep_logits(self) -> torch.Tensor:
         """logit λ̂, the inference pruning score: s̃ / τ', and −inf where the schedule forced a zero."""
-        return torch.where(self.mask, self.keep_logits(), torch.tensor(float("-inf"), dtype=self.gate_logits.dtype))
+        return torch.where(self.mask, self.keep_logits(), float("-inf"))
 
     def component_kl(self) -> torch.Tensor:
         """KL(N(μ_wk, σ_wk²) ‖ N(0, σ_0²)) per window and component, (W, K), differentiable."""
@@ -234,7 +234,7 @@ class SpikeGMMPosterior(nn.Module):
                 rows.append(probs[local])
         k = self.num_components
         if not index:
-            return torch.zeros(0, dtype=torch.long), torch.zeros(0, k)
+            return torch.zeros(0, dtype=torch.long, device=self.means.device), self.means.new_zeros(0, k).float()
         return torch.cat(index), torch.cat(rows)
 
     @torch.no_grad()
@@ -258,7 +258,7 @@ def _initial_gate_logits(theta: torch.Tensor, config: SQSConfig) -> torch.Tensor
     else:
         flat = theta.detach().reshape(-1).abs().float()
         ranks = torch.empty_like(flat)
-        ranks[torch.argsort(flat, stable=True)] = torch.arange(flat.numel(), dtype=flat.dtype)
+        ranks[torch.argsort(flat, stable=True)] = torch.arange(flat.numel(), dtype=flat.dtype, device=flat.device)
         fraction = ranks / max(flat.numel() - 1, 1)  # 0 for the smallest |θ|, 1 for the largest
         scaled = (top - config.gate_init_spread * (1 - fraction)).reshape(theta.shape)
     return scaled * config.gate_temperature

@@ -42,11 +42,11 @@ def assign_windows(theta: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.
     if flat.numel() == 0:
         raise ValueError("cannot assign windows to an empty tensor")
     if kind == "none":
-        return torch.zeros(theta.shape, dtype=torch.uint8), flat.new_zeros(0)
+        return torch.zeros(theta.shape, dtype=torch.uint8, device=theta.device), flat.new_zeros(0)
     if kind == "equal":
         lo, hi = flat.min(), flat.max()
         width = (hi - lo) / NUM_WINDOWS
-        edges = lo + width * torch.arange(1, NUM_WINDOWS, dtype=flat.dtype)
+        edges = lo + width * torch.arange(1, NUM_WINDOWS, dtype=flat.dtype, device=flat.device)
     elif kind == "outlier":
         q1, median, q3 = _kth(flat, 0.25), _kth(flat, 0.5), _kth(flat, 0.75)
         iqr = q3 - q1
@@ -63,8 +63,8 @@ def assign_windows(theta: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.
 def _compact(ids: torch.Tensor, edges: torch.Tensor, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
     counts = torch.bincount(ids, minlength=edges.numel() + 1)
     present = (counts > 0).nonzero().squeeze(1)
-    remap = torch.full((edges.numel() + 1,), -1, dtype=torch.long)
-    remap[present] = torch.arange(present.numel())
+    remap = torch.full((edges.numel() + 1,), -1, dtype=torch.long, device=ids.device)
+    remap[present] = torch.arange(present.numel(), device=ids.device)
     # Interior edge j separates windows j and j+1; keep it when both sides are non-empty windows that
     # stay adjacent after dropping empties, i.e. keep edges just below each present window but the first.
     kept_edges = edges[present[1:] - 1] if present.numel() > 1 else edges.new_zeros(0)
