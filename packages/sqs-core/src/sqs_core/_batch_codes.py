@@ -10,7 +10,6 @@ are read in one pass over every width as fields of varying width: ~15 operations
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 from collections.abc import Callable
 from typing import NamedTuple
@@ -18,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._bits import _unpack_aligned, per_element, read_varying_fields, tensor_from_bytes
+from ._bits import _unpack_aligned, per_element, read_varying_fields, segment_ids, tensor_from_bytes
 from .packing import _byte_fields
 
 VARYING_LIMIT = 1 << 15
@@ -102,16 +101,8 @@ def _byte_values(group: list[CodeStream], tables: Tensor, bits: int, out: Tensor
 
 
 def _byte_rows(group: list[CodeStream]) -> Tensor:
-    """(code bytes,) int32: each code byte of stream g as g·256 + byte, assembled in Python (an int32's bytes
-    are the code byte, then g's low bytes, in the machine's byte order): no tensor operation over the bytes."""
-    lanes = (0, 1, 2, 3) if sys.byteorder == "little" else (3, 2, 1, 0)  # the int32's bytes, lowest first
-    rows = bytearray(4 * sum(len(s.codes) for s in group))
-    rows[lanes[0] :: 4] = b"".join(s.codes for s in group)
-    for byte in (0, 1, 2):  # byte `byte` of g; the bytes above g's highest stay zero
-        if len(group) > 1 << 8 * byte:
-            ids = b"".join(bytes([g >> 8 * byte & 255]) * len(s.codes) for g, s in enumerate(group))
-            rows[lanes[byte + 1] :: 4] = ids
-    return tensor_from_bytes(rows, torch.int32)
+    """(code bytes,) int32: each code byte of stream g as g·256 + byte (no tensor operation over the bytes)."""
+    return segment_ids([len(s.codes) for s in group], torch.int32, b"".join(s.codes for s in group))
 
 
 def _field_values(group: list[CodeStream], tables: Tensor, bits: int, out: Tensor) -> None:
