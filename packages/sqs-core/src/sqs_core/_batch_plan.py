@@ -14,7 +14,7 @@ from typing import NamedTuple
 from torch import Tensor
 
 from ._artifact_layout import SECTIONS, _numel
-from ._bits import set_bits_of
+from ._bits import set_bits_of, zero_padding
 from ._codes import field_bits
 from ._rice import MAX_BATCH_K, RICE_HEADER_BYTES, RiceStream, parse_rice_header
 
@@ -58,7 +58,7 @@ def plan_record(name: str, rec: dict, blob: Tensor) -> RecordPlan | None:
     mask = _mask(rec, parts["mask"], numel)
     if entries is None or len(entries) != rec["codes_used"] or mask is None:
         return None
-    if not _zero_padding(parts["codes"], kept * bits) or parts["codes_hi"]:
+    if not zero_padding(parts["codes"], kept * bits) or parts["codes_hi"]:
         return None
     table, rest, escapes, escape_bits = entries, [], None, 0
     if "escaped" in rec:
@@ -67,7 +67,7 @@ def plan_record(name: str, rec: dict, blob: Tensor) -> RecordPlan | None:
         escape_bits = field_bits(len(entries) - (1 << bits))
         if primary is None or len(primary) != 1 << bits or escapes is None or escapes.m != rec["escaped"]:
             return None
-        if not _zero_padding(parts["escape_codes"], escapes.m * escape_bits):
+        if not zero_padding(parts["escape_codes"], escapes.m * escape_bits):
             return None
         chosen = set(primary)
         table = [entries[r] for r in primary]
@@ -97,7 +97,7 @@ def _mask(rec: dict, payload: bytes, numel: int) -> str | None:
     if encoding == "all":
         return "all" if kept == numel and not payload else None
     if encoding == "bitmap":
-        return "bitmap" if len(payload) == (numel + 7) // 8 and _zero_padding(payload, numel) else None
+        return "bitmap" if zero_padding(payload, numel) else None
     if encoding == "rice":
         stream = _rice_stream(encoding, payload, numel)
         return "rice" if stream is not None and stream.m == kept else None
@@ -117,13 +117,6 @@ def _rice_stream(encoding: str, payload: bytes, length: int) -> RiceStream | Non
     return RiceStream(payload[RICE_HEADER_BYTES:], k, m, length)
 
 
-def _zero_padding(packed: bytes, used_bits: int) -> bool:
-    """Whether ``packed`` has exactly the bytes ``used_bits`` bits need and zero padding bits."""
-    if len(packed) != (used_bits + 7) // 8:
-        return False
-    return not (used_bits % 8 and packed[-1] >> (used_bits % 8))
-
-
 def _set_bits(packed: bytes, count: int) -> list[int] | None:
     """Indices of the set bits of a 1-bit stream of ``count`` bits; None if its size or padding is wrong."""
-    return set_bits_of(int.from_bytes(packed, "little")) if _zero_padding(packed, count) else None
+    return set_bits_of(int.from_bytes(packed, "little")) if zero_padding(packed, count) else None

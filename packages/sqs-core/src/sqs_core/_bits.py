@@ -193,9 +193,16 @@ def check_packed(packed: Tensor, bits: int, count: int) -> None:
         raise ValueError(
             f"packed payload has {packed.numel()} bytes, expected {expected} for {count} values of {bits} bits"
         )
-    used = count * bits % 8
-    if used and int(packed[-1]) >> used:
+    if not zero_padding(packed, count * bits):
         raise ValueError(f"padding bits of the last byte are not zero (last byte {int(packed[-1]):#04x})")
+
+
+def zero_padding(packed: bytes | Tensor, used_bits: int) -> bool:
+    """Whether ``packed`` (bytes, or a 1-D uint8 tensor) has exactly the bytes ``used_bits`` bits need and zero
+    padding bits after them."""
+    if len(packed) != (used_bits + 7) // 8:
+        return False
+    return not (used_bits % 8 and int(packed[-1]) >> (used_bits % 8))
 
 
 def read_varying_fields(data: Tensor, offsets: Tensor, widths: Tensor, masks: Tensor | None = None) -> Tensor:
