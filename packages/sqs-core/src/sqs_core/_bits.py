@@ -120,16 +120,13 @@ def read_fields(stream: Tensor, bits: int, count: int, start_bit: int = 0) -> Te
 
 
 def _gather_fields(stream: Tensor, bits: int, count: int, start_bit: int) -> Tensor:
-    """``count`` fields of ``bits`` bits from bit ``start_bit`` on, as int64, by gathering the ≤ 8 bytes
-    each field straddles (no length checks)."""
-    offsets = torch.arange(count, dtype=torch.int64, device=stream.device) * bits + start_bit
-    first = offsets >> 3
+    """``count`` fields of ``bits`` bits from bit ``start_bit`` on, as int64, each read from the ≤ 8 bytes it
+    straddles (no length checks)."""
+    start, skip = divmod(start_bit, 8)
     span = (bits + 7 + 7) // 8  # bytes a field can straddle
-    padded = torch.cat([stream, stream.new_zeros(span)]).long()
-    word = padded[first]
-    for j in range(1, span):
-        word |= padded[first + j] << (8 * j)
-    return (word >> (offsets & 7)) & ((1 << bits) - 1)
+    data = torch.cat([stream[start : start + (skip + count * bits + 7) // 8], stream.new_zeros(span)])
+    offsets = torch.arange(count, dtype=torch.int64, device=stream.device) * bits + skip
+    return _fields_at(data, offsets, (1 << bits) - 1, span)
 
 
 def set_bit_indices(packed: Tensor, count: int) -> Tensor:
@@ -209,9 +206,19 @@ def read_varying_fields(data: Tensor, offsets: Tensor, widths: Tensor, masks: Te
     """Field i of ``widths[i]`` ∈ 0..16 bits from bit ``offsets[i]`` of ``data`` (uint8), LSB first, in
     ``offsets``' integer dtype; ``masks`` (2^width − 1) when the caller has them. ``data`` must hold two bytes
     past the first byte of every field (pad it); no other checks."""
-    wide = data.to(offsets.dtype)
-    words = wide[:-2] | (wide[1:-1] << 8) | (wide[2:] << 16)  # the 24 bits from each byte on
     masks = (torch.ones_like(widths) << widths) - 1 if masks is None else masks
+    return _fields_at(data, offsets, masks, 3)
+
+
+def _fields_at(data: Tensor, offsets: Tensor, masks: Tensor | int, span: int) -> Tensor:
+    """The fields from bits ``offsets`` of ``data`` (uint8), LSB first, cut by ``masks``, in ``offsets``' dtype:
+    a word of the ``span`` bytes from each byte on, one gather of the fields' first bytes' words, a shift. ``data``
+    must hold ``span`` − 1 bytes past every field's first byte."""
+    wide = data.to(offsets.dtype)
+    n = wide.numel() - span + 1
+    words = wide[:n]
+    for j in range(1, span):
+        words = words | (wide[j : j + n] << 8 * j)
     return words.index_select(0, offsets >> 3).bitwise_right_shift_(offsets & 7).bitwise_and_(masks)
 
 
