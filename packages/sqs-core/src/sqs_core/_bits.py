@@ -263,10 +263,12 @@ def segment_ids(counts: Sequence[int], dtype: torch.dtype, low: bytes | None = N
     given ``low`` (one byte per element), s·256 + that byte. Assembled in Python: no tensor operation over the
     elements (repeat_interleave costs ~20 µs)."""
     size, shift = dtype.itemsize, 0 if low is None else 8
-    ids = bytearray(b"".join((s << shift).to_bytes(size, sys.byteorder) * count for s, count in enumerate(counts)))
-    if low is not None:
-        ids[0 if sys.byteorder == "little" else size - 1 :: size] = low  # the lowest byte of each element
-    return torch.frombuffer(ids, dtype=dtype) if ids else torch.zeros(0, dtype=dtype)
+    ids = b"".join((s << shift).to_bytes(size, sys.byteorder) * count for s, count in enumerate(counts))
+    if low is None:
+        return tensor_from_bytes(ids, dtype)
+    with_low = bytearray(ids)
+    with_low[0 if sys.byteorder == "little" else size - 1 :: size] = low  # the lowest byte of each element
+    return tensor_from_bytes(with_low, dtype)
 
 
 def tensor_from_bytes(data: bytes | bytearray, dtype: torch.dtype = torch.uint8) -> Tensor:

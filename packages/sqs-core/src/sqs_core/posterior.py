@@ -232,9 +232,9 @@ class SpikeGMMPosterior(nn.Module):
             if local.numel():
                 index.append(flat[local])
                 rows.append(probs[local])
-        k = self.num_components
+        k, device = self.num_components, self.means.device
         if not index:
-            return torch.zeros(0, dtype=torch.long, device=self.means.device), self.means.new_zeros(0, k).float()
+            return torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, k, device=device)
         return torch.cat(index), torch.cat(rows)
 
     @torch.no_grad()
