@@ -142,7 +142,7 @@ def _one_hot_backward(
     if kl_table is not None:
         dlam = dlam + grad_kl * _dkl_dlam(scaled, kl_table[flat], prior_logit)
         lam64 = lam.double()
-    return flat, dm.double(), d_log_std, lam64, dlam * lam * (1 - lam_raw) / tau
+    return flat.long(), dm.double(), d_log_std, lam64, dlam * lam * (1 - lam_raw) / tau  # int64: index_add_all
 
 
 def _gate_kl_sum(gate_logits, mask, window_ids, kstar, component_kl, tau, k, log_keep, log_drop):
@@ -170,7 +170,8 @@ def _gate_kl_backward(gate_logits, mask, window_ids, kstar, component_kl, tau, k
     None: no Bernoulli term)."""
     scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
     flat = _flat(window_ids, kstar, k)
-    return flat, lam.double(), _dkl_dlam(scaled, component_kl[flat], prior_logit) * lam * (1 - lam_raw) * (grad / tau)
+    dkl = _dkl_dlam(scaled, component_kl[flat], prior_logit)
+    return flat.long(), lam.double(), dkl * lam * (1 - lam_raw) * (grad / tau)  # int64: index_add_all
 
 
 def _dkl_dlam(scaled, kl_at, prior_logit):

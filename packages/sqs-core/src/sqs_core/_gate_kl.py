@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ._index_add import index_add_all
 from .chunked import _chunk_ranges, _flat_index, _gate_probs, _kl_gate_grads, _kl_terms_sum
 
 __all__ = ["gate_kl"]
@@ -39,7 +40,7 @@ class _GateKL(torch.autograd.Function):
         for a, b in _chunk_ranges(gate_logits.numel(), 1):
             chunk = (gate_logits[a:b], component_kl, mask[a:b], window_ids[a:b], kstar[a:b])
             index, lam, g_gate[a:b] = chunk_grads(*chunk, ctx.gate_temperature, ctx.prior_keep, grad)
-            g_comp.index_add_(0, index, lam)
+            index_add_all([(g_comp, index, lam)])
         g_comp = (grad * g_comp).to(component_kl.dtype).reshape(component_kl.shape)
         return g_gate, g_comp, None, None, None, None, None, None
 
