@@ -114,18 +114,19 @@ def bin_table(
     left = (edges[:-1] - 0.01 * width).to(means.dtype)
     right = (edges[1:] + 0.01 * width).to(means.dtype)
     owner = _bin_owners(window_ranges, num_windows, left, right)
-    row = owner.clamp(min=0)
-    mu, log_std = means[row], log_stds[row]  # (B, K): each bin with its owner's components
+    row = owner.clamp(min=0)  # each bin's owner's components
     width_top = max(3, NEARBY + 1)
-    peak, padded = bounds(left, right, mu, log_std, log_mixing[row], width_top)
-    top = torch.topk(padded, width_top, dim=1)
-    j = top.indices[:, :1]
+    padding = max(0, width_top - k)  # −inf columns, so that topk finds width_top values for any K
+    top = torch.topk(bounds(left, right, row, means, log_stds, log_mixing, padding), width_top, dim=1)
+    j = top.indices[:, 0]
+    log_std_j = log_stds[row, j]
     q_min = _certifying_log_density(top.values[:, 1], top.values[:, 2], kind, temperature, k)
-    slack = peak.gather(1, j).squeeze(1) - q_min  # q_j(θ) = peak_j − ½ z² ≥ q_min  ⟺  |z| ≤ √(2·slack)
-    radius = torch.exp(log_std.gather(1, j).squeeze(1)) * torch.sqrt(2 * slack.clamp(min=0))
+    # q_j(θ) = peak_j − ½ z² ≥ q_min  ⟺  |z| ≤ √(2·slack)
+    slack = _peak_log_density(log_mixing[row, j], log_std_j) - q_min
+    radius = torch.exp(log_std_j) * torch.sqrt(2 * slack.clamp(min=0))
     radius = torch.where((slack >= 0) & (owner >= 0), radius, torch.full_like(radius, -1.0))
-    mean_radius = torch.stack([mu.gather(1, j).squeeze(1), radius], dim=1)
-    owner_u8, best_u8 = owner.to(torch.uint8), j.squeeze(1).to(torch.uint8)
+    mean_radius = torch.stack([means[row, j], radius], dim=1)
+    owner_u8, best_u8 = owner.to(torch.uint8), j.to(torch.uint8)
     near_width = _near_widths(top.values, owner, kind, k, means.dtype)
     nearby = top.indices[:, :NEARBY].clamp(max=k - 1) + row[:, None] * k
     several, any_lumpable = num_windows > 1, bool(near_width.any())
@@ -146,13 +147,19 @@ def _near_widths(top_values, owner, kind, k, dtype):
     return widths
 
 
-def _bin_bounds(left, right, mu, log_std, log_mixing, pad: int):
-    """(peak_bk = log π_k − log σ_k − ½log 2π, Q_bk = peak_bk − ½ dist(μ_k, bin b)²/σ_k² padded with ``pad``
-    columns of −inf), both (B, ·), for bins [left, right] and each bin's owner's (B, K) components."""
+def _bin_bounds(left, right, row, means, log_stds, log_mixing, pad: int):
+    """(B, K + ``pad``): Q_bk = peak_bk − ½ dist(μ_k, bin b)²/σ_k² (:func:`_peak_log_density`) for bins
+    [left, right] and the components of each bin's window ``row`` of the (W, K) parameters, then ``pad``
+    columns of −inf. The rows are gathered here: compiled, no (B, K) copy of them is written out."""
+    mu, log_std = means[row], log_stds[row]
     dist = torch.clamp(torch.maximum(left[:, None] - mu, mu - right[:, None]), min=0.0)
-    peak = log_mixing - log_std - HALF_LOG_2PI
-    bound = peak - 0.5 * dist * dist * torch.exp(-2 * log_std)  # Q_bk
-    return peak, torch.cat([bound, bound.new_full((bound.shape[0], pad), -math.inf)], dim=1)
+    bound = _peak_log_density(log_mixing[row], log_std) - 0.5 * dist * dist * torch.exp(-2 * log_std)
+    return torch.cat([bound, bound.new_full((bound.shape[0], pad), -math.inf)], dim=1) if pad else bound
+
+
+def _peak_log_density(log_mixing, log_std):
+    """peak_k = log π_k − log σ_k − ½ log 2π: the largest log π_k N(θ | μ_k, σ_k²) over θ (at θ = μ_k)."""
+    return log_mixing - log_std - HALF_LOG_2PI
 
 
 def bin_index(theta: torch.Tensor, table: BinTable) -> torch.Tensor:
