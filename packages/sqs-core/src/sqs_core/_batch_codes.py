@@ -101,9 +101,7 @@ def _field_values(group: list[CodeStream], tables: Tensor, bits: int, out: Tenso
     data = tensor_from_bytes(b"".join(s.codes + bytes(-len(s.codes) % bits) for s in group))
     sizes = [_slots(s, bits) for s in group]
     index = _unpack_aligned(data, bits, sum(sizes)).int()
-    index += torch.repeat_interleave(
-        torch.arange(len(group), dtype=torch.int32) << bits, torch.tensor(sizes, dtype=torch.int64)
-    )
+    index += segment_ids(sizes, torch.int32).bitwise_left_shift_(bits)  # stream s's table starts at s·2^b
     _check_codes(group, bits, lambda bad: bad.reshape(-1).index_select(0, index))
     torch.index_select(tables.reshape(-1), 0, index, out=out)
 

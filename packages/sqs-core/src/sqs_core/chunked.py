@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ._index_add import index_add_all
 from .mixture import PAPER_CLAMP, bernoulli_kl, component_log_density, log_responsibilities
-from .onehot import CERTIFIED, bin_components, bin_table, certify_one_hot, classify, uncovered_blocks
+from .onehot import CERTIFIED, bin_components, bin_table, certify_one_hot, classify, flat_indices, uncovered_blocks
 
 __all__ = [
     "PosteriorSpec",
@@ -84,7 +84,7 @@ def uncertain_log_responsibilities(theta, window_ids, certified, means, log_stds
     """Yield ``(flat index (n,), log φ (n, K))`` blocks covering the weights that are not certified,
     CHUNK_ELEMENTS // K at a time."""
     log_mix = F.log_softmax(mixing_logits, dim=-1)
-    for index in torch.split((~certified).nonzero().squeeze(1), max(1, CHUNK_ELEMENTS // means.shape[1])):
+    for index in torch.split(flat_indices(~certified), max(1, CHUNK_ELEMENTS // means.shape[1])):
         wid = window_ids[index].long()
         yield index, _log_phi_rows(theta[index], wid, means, log_stds, log_mix, kind, temperature)
 
