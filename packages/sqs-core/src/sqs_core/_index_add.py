@@ -2,8 +2,8 @@
 
 A training step's backward sums per-weight gradients into the small (W, K) parameters with float64
 ``index_add_`` (deterministic, unlike atomic adds). On the CPU each such call runs on one core, and a
-step makes two or three of them per chunk of weights, one after another; here all but the first run on a
-worker thread while the caller runs the first. Each accumulator is still summed by one thread in index
+step makes two to four of them per chunk of weights, one after another; here every other job runs on a
+worker thread while the caller runs the rest. Each accumulator is still summed by one thread in index
 order, so the result is bit for bit that of running them in turn.
 
 On the CPU a flat accumulator with an int64 index takes ``scatter_add_`` instead: for a 1-D contiguous
@@ -30,13 +30,14 @@ _worker: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, the 
 def index_add_all(jobs: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
     """``acc.index_add_(0, index, source)`` for every ``(acc, index, source)``; the accumulators must be
     distinct tensors. In turn when there is one job, one torch thread (the user asked for one core) or a
-    non-CPU device; else the jobs after the first on the worker thread."""
+    non-CPU device; else the second, fourth, ... on the worker thread (the nearby blocks' four jobs: 1.0
+    against 1.4 ms with the first on the caller and three on the worker)."""
     if len(jobs) < 2 or torch.get_num_threads() < 2 or jobs[0][0].device.type != "cpu":
         _run(jobs)
         return
-    future = _pool().submit(_run, jobs[1:])
+    future = _pool().submit(_run, jobs[1::2])
     try:
-        _run(jobs[:1])
+        _run(jobs[0::2])
     finally:
         future.result()
 
