@@ -162,8 +162,9 @@ def compression_report(path_or_model: str | os.PathLike | nn.Module, *, nonzero:
     return _report(path_or_model, in_memory=False)
 
 
-def _report(path: str | os.PathLike, *, in_memory: bool) -> CompressionReport:
-    art = read_artifact(path)
+def _report(path: str | os.PathLike, *, in_memory: bool, art=None) -> CompressionReport:
+    """The report of the artifact at ``path``; ``art``: that file's read_artifact result, if the caller has it."""
+    art = read_artifact(path) if art is None else art
     blob_bytes = {r["layers"][0]: art.blobs[r["layers"][0]].numel() for r in art.records}
     dense_index = sum(art.index_bytes[n] for n in art.dense)
     dense_payload = sum(t.numel() * t.element_size() for t in art.dense.values())
