@@ -12,11 +12,11 @@ import sys
 import pytest
 import sqs_core as sqs
 import torch
-import torch.nn.functional as F
 from sqs_core import _fused, chunked
-from sqs_core.onehot import NEARBY_WIDTHS, bin_table, classify, uncovered_blocks
+from sqs_core.onehot import NEARBY_WIDTHS
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
+from uncovered import uncovered_counts
 
 # inductor's own use of torch.jit.script_method, not ours (its numpy warning: pyproject.toml)
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
@@ -74,15 +74,6 @@ def _values_and_grads(p, second):
     return results, kstar
 
 
-def _block_widths(p):
-    """The widths of the blocks of uncovered weights (0: all K) at the posterior's current parameters."""
-    theta, wid = p.weight.detach().reshape(-1), p.window_ids.reshape(-1)
-    log_mix = F.log_softmax(p.mixing_logits.detach(), -1)
-    table = bin_table(theta, wid, p.means, p.log_stds, log_mix, p.config.responsibility, p.config.temperature)
-    classes = classify(theta, wid, table)[2]
-    return {width for _, width in uncovered_blocks(classes, table, p.num_components, chunked.CHUNK_ELEMENTS)}
-
-
 @pytest.fixture
 def small_chunks(monkeypatch):
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 96)  # several chunks, the last one smaller
@@ -94,7 +85,7 @@ def test_compiled_values_and_gradients_match_eager(small_chunks, case):
     eager, compiled = _posterior(settings, False), _posterior(settings, True)
     fraction = compiled.certified_fraction()
     assert 0.2 < fraction < 1.0  # both the certified and the uncovered paths run
-    assert _block_widths(compiled) == ({0, *NEARBY_WIDTHS} if nearby else {0})  # every kind of block runs
+    assert set(uncovered_counts(compiled)) == ({0, *NEARBY_WIDTHS} if nearby else {0})  # every kind of block runs
     before = {name: kernel.calls for name, kernel in _fused.KERNELS.items()}
     want, want_kstar = _values_and_grads(eager, second)
     got, got_kstar = _values_and_grads(compiled, second)

@@ -16,12 +16,11 @@ from sqs_core.onehot import (
     NEARBY_WIDTHS,
     bin_table,
     certify_one_hot,
-    classify,
     flat_indices,
-    uncovered_blocks,
 )
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
+from uncovered import uncovered_counts
 
 
 def _full_log_phi(theta, means, log_stds, mixing_logits, kind, temperature):
@@ -120,18 +119,13 @@ def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, wi
         p.log_stds.sub_(narrowing)  # narrower components: more weights lie ≥ 10σ from all of them
         p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=torch.float64))
         p.mask.view(-1)[::7] = False
-    theta, wid = p.weight.reshape(-1), p.window_ids.reshape(-1)
-    log_mix = F.log_softmax(p.mixing_logits.detach(), -1)
-    table = bin_table(theta, wid, p.means, p.log_stds, log_mix, "paper", 5e-4)
-    near = {w: 0 for w in NEARBY_WIDTHS}
-    for u, width in uncovered_blocks(classify(theta, wid, table)[2], table, 32, chunked.CHUNK_ELEMENTS):
-        if width:
-            near[width] += int(u.numel())
+    counts = uncovered_counts(p)
+    near = {w: counts[w] for w in NEARBY_WIDTHS}
     assert sum(near.values()) > 100  # the nearby path is exercised
     if narrowing < 1:
         assert all(count > 20 for count in near.values()), near  # at every width
     mean, var = p.moments(second=second)
-    rows = wid.long()
+    theta, rows = p.weight.reshape(-1), p.window_ids.reshape(-1).long()
     q = component_log_density(theta, p.means[rows], p.log_stds[rows], F.log_softmax(p.mixing_logits, -1)[rows])
     phi = log_responsibilities(q, "paper", 5e-4).exp()
     lam = torch.sigmoid(p.gate_logits.reshape(-1) / p.gate_temperature) * p.mask.reshape(-1)
