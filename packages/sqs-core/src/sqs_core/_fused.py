@@ -48,9 +48,10 @@ from .onehot import CERTIFIED, _bin_bounds, bin_of, bin_table, uncovered_blocks
 __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
 
 
-def _flat(window_ids, kstar, k):
-    """w·K + k*: the index of each weight's component in the flattened (W, K) parameters (int32 suffices)."""
-    return window_ids.int() * k + kstar.int()
+def _flat(window_ids, kstar, k, dtype=torch.int32):
+    """w·K + k*: the index of each weight's component in the flattened (W, K) parameters (int32 suffices to
+    gather inside a kernel; the backward kernels return it as int64, what index_add_all's scatter_add_ takes)."""
+    return window_ids.to(dtype) * k + kstar.to(dtype)
 
 
 def _certify(theta, window_ids, table):
@@ -125,7 +126,7 @@ def _one_hot_backward(
     ``grad_var`` None: the plug-in (no Var). ``kl_table`` (flat component KLs): the gate KL's gradients with
     incoming ``grad_kl`` are included, as _gate_kl_backward's; ``prior_logit`` None: no Bernoulli term."""
     scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
-    flat = _flat(window_ids, kstar, k)
+    flat = _flat(window_ids, kstar, k, torch.int64)
     m = means[flat]
     on = torch.where(certified, lam, 0.0)
     dm = grad_mean * on
@@ -142,7 +143,7 @@ def _one_hot_backward(
     if kl_table is not None:
         dlam = dlam + grad_kl * _dkl_dlam(scaled, kl_table[flat], prior_logit)
         lam64 = lam.double()
-    return flat.long(), dm.double(), d_log_std, lam64, dlam * lam * (1 - lam_raw) / tau  # int64: index_add_all
+    return flat, dm.double(), d_log_std, lam64, dlam * lam * (1 - lam_raw) / tau
 
 
 def _gate_kl_sum(gate_logits, mask, window_ids, kstar, component_kl, tau, k, log_keep, log_drop):
@@ -169,9 +170,8 @@ def _gate_kl_backward(gate_logits, mask, window_ids, kstar, component_kl, tau, k
     """(flat index, λ̃ as float64, ∂KL/∂s̃) of one chunk, as _gate_kl._gate_kl_chunk_grads (``prior_logit``
     None: no Bernoulli term)."""
     scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
-    flat = _flat(window_ids, kstar, k)
-    dkl = _dkl_dlam(scaled, component_kl[flat], prior_logit)
-    return flat.long(), lam.double(), dkl * lam * (1 - lam_raw) * (grad / tau)  # int64: index_add_all
+    flat = _flat(window_ids, kstar, k, torch.int64)
+    return flat, lam.double(), _dkl_dlam(scaled, component_kl[flat], prior_logit) * lam * (1 - lam_raw) * (grad / tau)
 
 
 def _dkl_dlam(scaled, kl_at, prior_logit):
