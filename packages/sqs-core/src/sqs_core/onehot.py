@@ -92,6 +92,7 @@ class BinTable:
     near_width: torch.Tensor  # (B,) uint8: the fewest leading ``nearby`` columns (one of NEARBY_WIDTHS) outside
     # which every component has Q_bk ≤ lump_log_density (paper formula), 0 where even NEARBY leave some out
     any_lumpable: bool
+    codes: torch.Tensor  # (B,) int32 best | near_width << 8 | owner << 16: the compiled certificate's one lookup
 
 
 def bin_table(
@@ -130,7 +131,8 @@ def bin_table(
     near_width = _near_widths(top.values, owner, kind, k, means.dtype)
     nearby = top.indices[:, :NEARBY].clamp(max=k - 1) + row[:, None] * k
     several, any_lumpable = num_windows > 1, bool(near_width.any())
-    return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, several, nearby, near_width, any_lumpable)
+    codes = best_u8.int() | (near_width.int() << 8) | (owner_u8.int() << 16)
+    return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, several, nearby, near_width, any_lumpable, codes)
 
 
 def _near_widths(top_values, owner, kind, k, dtype):
@@ -163,15 +165,17 @@ def _peak_log_density(log_mixing, log_std):
 
 
 def bin_index(theta: torch.Tensor, table: BinTable) -> torch.Tensor:
-    """The bin of each weight (int64)."""
+    """The bin of each weight (int32)."""
     return bin_of(theta, table.low, table.inv_width, table.owner.numel())
 
 
 def bin_of(theta, low, inv_width, count):
-    """The bin (int64) of weights ``theta`` in ``count`` bins from ``low``, ``inv_width`` bins per unit: the one
+    """The bin (int32) of weights ``theta`` in ``count`` bins from ``low``, ``inv_width`` bins per unit: the one
     expression of :func:`bin_index` and of the compiled kernels (sqs_core._fused), which pass ``low`` and
-    ``inv_width`` as 0-d tensors so that their values are not baked into the graphs."""
-    return ((theta - low) * inv_width).long().clamp(0, count - 1)
+    ``inv_width`` as 0-d tensors so that their values are not baked into the graphs. Clamped as a float,
+    then truncated to int32: the same bins as truncating first, and AVX2 has no float → int64 conversion
+    (inductor emulates it lane by lane)."""
+    return ((theta - low) * inv_width).clamp(0, count - 1).int()
 
 
 def window_value_ranges(theta: torch.Tensor, window_ids: torch.Tensor, num_windows: int) -> torch.Tensor:
