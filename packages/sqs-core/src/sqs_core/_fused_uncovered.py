@@ -76,7 +76,7 @@ def _nearby_rows(th, mu, inv_std, const, total_mu, total_sq, lumped_count, tempe
         s = _fold(torch.add, [p * x for p, x in zip(phi, level_sq, strict=True)]) + phi_l * (
             total_sq - _fold(torch.add, level_sq)
         )
-    best, top_phi = torch.zeros_like(th, dtype=torch.int64), phi[0]
+    best, top_phi = torch.zeros_like(th, dtype=torch.int32), phi[0]
     for c in range(1, len(phi)):  # argmax, the first of ties as torch.argmax
         better = phi[c] > top_phi
         best, top_phi = torch.where(better, c, best), torch.where(better, phi[c], top_phi)
@@ -106,7 +106,7 @@ def _nearby_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tabl
     (μ, 1/σ, log π − log σ − ½ log 2π) and :func:`_nearby_rows`, in one kernel (the forward needs no graph).
     ``totals``: (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: L, τ, τ', K, σ_0²."""
     lumped, temperature, tau, k, spike_var = scalars
-    th, wid = theta[u], window_ids[u].long()
+    th, wid = theta[u], window_ids[u].int()  # int32 index arithmetic (_fused._flat)
     table, low, inv_width = lookup
     bins = bin_of(th, low, inv_width, table.shape[0])
     flat = [table[:, c][bins] for c in range(table.shape[1])]
@@ -118,8 +118,8 @@ def _nearby_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tabl
         best = torch.where(pos == c, flat[c], best)
     lam = _gate_probs(gate_logits[u], mask[u], tau)[2]
     var = None if s is None else _variance(lam, m, s, spike_var)
-    correction = None if kl_table is None else _kl_correction(kl_table, best, wid * k + kstar[u].long(), lam)
-    return lam * m, var, (best - wid * k).to(torch.uint8), correction, bins.int()
+    correction = None if kl_table is None else _kl_correction(kl_table, best, wid * k + kstar[u].int(), lam)
+    return lam * m, var, (best - wid * k).to(torch.uint8), correction, bins
 
 
 def _kl_correction(kl_table, flat, flat_before, lam):
@@ -136,7 +136,7 @@ def _nearby_inputs(u, bins, theta, gate_logits, mask, window_ids, grad_mean, gra
     _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
     flat = torch.stack([nearby[:, c][bins] for c in range(nearby.shape[1])])
     gv = None if grad_var is None else grad_var[u]
-    return theta[u], window_ids[u].long(), lam, lam_raw, grad_mean[u], gv, flat
+    return theta[u], window_ids[u].long(), lam, lam_raw, grad_mean[u], gv, flat.long()  # int64: scatter_add_'s
 
 
 def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars):

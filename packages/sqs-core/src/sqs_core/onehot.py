@@ -88,7 +88,7 @@ class BinTable:
     best: torch.Tensor  # (B,) uint8 component j_b within the owner's K
     mean_radius: torch.Tensor  # (B, 2): μ_{j_b}, and the radius |θ − μ_{j_b}| ≤ radius that certifies (−1: none)
     several_windows: bool  # whether a weight's window must be checked against the bin's owner
-    nearby: torch.Tensor  # (B, NEARBY) flat indices w·K + k of the bin's NEARBY largest Q_bk, largest first
+    nearby: torch.Tensor  # (B, NEARBY) int32 flat indices w·K + k of the bin's NEARBY largest Q_bk, largest first
     near_width: torch.Tensor  # (B,) uint8: the fewest leading ``nearby`` columns (one of NEARBY_WIDTHS) outside
     # which every component has Q_bk ≤ lump_log_density (paper formula), 0 where even NEARBY leave some out
     any_lumpable: bool
@@ -129,7 +129,7 @@ def bin_table(
     mean_radius = torch.stack([means[row, j], radius], dim=1)
     owner_u8, best_u8 = owner.to(torch.uint8), j.to(torch.uint8)
     near_width = _near_widths(top.values, owner, kind, k, means.dtype)
-    nearby = top.indices[:, :NEARBY].clamp(max=k - 1) + row[:, None] * k
+    nearby = (top.indices[:, :NEARBY].clamp(max=k - 1) + row[:, None] * k).int()  # int32: see _fused._flat
     several, any_lumpable = num_windows > 1, bool(near_width.any())
     codes = best_u8.int() | (near_width.int() << 8) | (owner_u8.int() << 16)
     return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, several, nearby, near_width, any_lumpable, codes)
