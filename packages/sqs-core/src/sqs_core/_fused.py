@@ -40,21 +40,12 @@ import torch.nn.functional as F
 from . import chunked
 from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
-from ._fused_uncovered import bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
+from ._fused_uncovered import _flat, bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
 from ._index_add import index_add_all
 from .chunked import _chunk_ranges, _gate_probs, _variance, kl_accumulator, kl_grad
 from .onehot import CERTIFIED, _bin_bounds, bin_of, bin_table, uncovered_blocks
 
 __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
-
-
-def _flat(window_ids, kstar, k, dtype=torch.int32):
-    """w·K + k*: the index of each weight's component in the flattened (W, K) parameters (int32 suffices to
-    gather inside a kernel; the backward kernels return it as int64, what index_add_all's scatter_add_ takes).
-    Computed in int32 and converted: AVX2 has no int64 multiply (inductor emulates it lane by lane), and the
-    int64 arithmetic took the one-hot backward kernel from 3.1-3.8 to 6.7-7.0 ms a chunk."""
-    flat = window_ids.int() * k + kstar.int()
-    return flat if dtype == torch.int32 else flat.to(dtype)
 
 
 def _certify(theta, window_ids, table):
