@@ -117,10 +117,14 @@ def _one_hot_backward(
     kl_table,
     prior_logit,
     grad_kl,
+    out_gate,
+    workspace,
 ):
-    """(flat index w·K + k*, ∂/∂μ_{k*} (float64), ∂/∂log σ_{k*} (float64) or None, λ̃ (float64) or None, ∂/∂s̃)
-    of one chunk, as chunked._one_hot_grads and the ∂/∂s̃ of _PosteriorMoments.backward compute them; the
-    moments' part of ∂/∂s̃ of weights that are not certified is left out (the caller adds it).
+    """One chunk of weights' gradients, as chunked._one_hot_grads and the ∂/∂s̃ of _PosteriorMoments.backward
+    compute them, written in place (nothing is returned): ∂/∂s̃ into ``out_gate`` (the chunk's slice of the
+    s̃ gradient; the moments' part of weights that are not certified is left out: the caller adds it), and
+    into ``workspace`` (:func:`_one_hot_workspace`, the chunk's size) the flat index w·K + k* (int64),
+    ∂/∂μ_{k*} (float64), ∂/∂log σ_{k*} (float64; None without Var) and λ̃ (float64; None without KL).
     ``grad_var`` None: the plug-in (no Var). ``kl_table`` (flat component KLs): the gate KL's gradients with
     incoming ``grad_kl`` are included, as _gate_kl_backward's; ``prior_logit`` None: no Bernoulli term."""
     scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
@@ -134,14 +138,19 @@ def _one_hot_backward(
         var = torch.exp(2 * log_stds[flat])
         gv = grad_var * on
         dm = dm + 2 * gv * m * (1 - lam)
-        d_log_std = (2 * gv * var).double()
+        d_log_std = 2 * gv * var
         dlam = dlam + grad_var * (m * m + var - 2 * lam * m * m - spike_var)
     dlam = torch.where(certified, dlam, 0.0)
-    lam64 = None
     if kl_table is not None:
         dlam = dlam + grad_kl * _dkl_dlam(scaled, kl_table[flat], prior_logit)
-        lam64 = lam.double()
-    return flat, dm.double(), d_log_std, lam64, dlam * lam * (1 - lam_raw) / tau
+    out_flat, out_mean, out_log_std, out_lam = workspace
+    out_flat.copy_(flat)
+    out_mean.copy_(dm)
+    if d_log_std is not None:
+        out_log_std.copy_(d_log_std)
+    if kl_table is not None:
+        out_lam.copy_(lam)
+    out_gate.copy_(dlam * lam * (1 - lam_raw) / tau)
 
 
 def _gate_kl_sum(gate_logits, mask, window_ids, kstar, component_kl, tau, k, log_keep, log_drop):
@@ -227,15 +236,30 @@ def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar
     kl = (None, None, None)
     if g_comp is not None:
         kl = (component_kl.detach().reshape(-1), _prior_logit(spec.prior_keep), grad_kl.detach())
+    workspace: tuple = ()
     for a, b in _chunk_ranges(gate_logits.numel(), 1):
+        if not workspace or workspace[0].numel() != b - a:
+            workspace = _one_hot_workspace(b - a, gv is not None, g_comp is not None, gate_logits.device)
         certified = classes[a:b] == CERTIFIED  # eager: as uint8 == 255 inside the kernel, 1.5× the kernel's time
         chunk = (gate_logits[a:b], mask[a:b], window_ids[a:b], kstar[a:b], certified, *consts, gm[a:b])
-        flat, d_mean, d_log_std, lam, g_gate[a:b] = KERNELS["_one_hot_backward"](
-            *chunk, (gv[a:b] if gv is not None else None), *scalars, *kl
-        )
-        sums = [(param_grads[0], d_mean), (param_grads[1], d_log_std), (g_comp, lam)]
+        outputs = (g_gate[a:b], workspace)
+        KERNELS["_one_hot_backward"](*chunk, (gv[a:b] if gv is not None else None), *scalars, *kl, *outputs)
+        flat, *sources = workspace
+        sums = zip((param_grads[0], param_grads[1], g_comp), sources, strict=True)
         index_add_all([(acc, flat, source) for acc, source in sums if source is not None])
     return g_gate
+
+
+def _one_hot_workspace(n, second, with_kl, device):
+    """The buffers :func:`_one_hot_backward` writes a chunk of ``n`` weights' outputs into: flat index (int64),
+    ∂/∂μ, ∂/∂log σ (``second``, else None) and λ̃ (``with_kl``, else None), float64. One set serves every chunk
+    of a backward: fresh outputs per chunk made glibc map and zero new pages again and again."""
+    f64 = torch.float64
+
+    def make(on, dtype=f64):
+        return torch.empty(n, dtype=dtype, device=device) if on else None
+
+    return (make(True, torch.int64), make(True), make(second), make(with_kl))
 
 
 class FusedPosteriorMoments(torch.autograd.Function):
