@@ -84,7 +84,7 @@ def uncertain_log_responsibilities(theta, window_ids, certified, means, log_stds
     """Yield ``(flat index (n,), log φ (n, K))`` blocks covering the weights that are not certified,
     CHUNK_ELEMENTS // K at a time."""
     log_mix = F.log_softmax(mixing_logits, dim=-1)
-    for index in torch.split(flat_indices(~certified), max(1, CHUNK_ELEMENTS // means.shape[1])):
+    for index in torch.split(flat_indices(certified, test=torch.logical_not), max(1, CHUNK_ELEMENTS // means.shape[1])):
         wid = window_ids[index].long()
         yield index, _log_phi_rows(theta[index], wid, means, log_stds, log_mix, kind, temperature)
 

@@ -29,8 +29,9 @@ the paper's formula, large τ) take the full K-component path in :mod:`sqs_core.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -246,26 +247,34 @@ def uncovered_blocks(
     ``block_elements`` // width (all K: width 0, ``block_elements`` // K): one ``nonzero`` over all weights,
     then one over the uncovered per width (the indices as ``index_select``: one pass, not two), each by
     :func:`flat_indices` with ``index_dtype``."""
-    uncovered = flat_indices(classes != CERTIFIED, index_dtype)
+    uncovered = flat_indices(classes, index_dtype, test=partial(torch.ne, other=CERTIFIED))
     groups = [(uncovered, 0)]
     if uncovered.numel() and table.any_lumpable:
         widths = classes.index_select(0, uncovered)
-        groups = [(uncovered.index_select(0, flat_indices(widths == w, index_dtype)), w) for w in (*NEARBY_WIDTHS, 0)]
+        groups = [
+            (uncovered.index_select(0, flat_indices(widths, index_dtype, test=partial(torch.eq, other=w))), w)
+            for w in (*NEARBY_WIDTHS, 0)
+        ]
     for indices, width in groups:
         for block in torch.split(indices, max(1, block_elements // (width or k))):
             if block.numel():
                 yield block, width
 
 
-def flat_indices(mask: torch.Tensor, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+def flat_indices(
+    mask: torch.Tensor, dtype: torch.dtype = torch.int64, *, test: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> torch.Tensor:
     """The indices of a flat bool ``mask``'s true entries, as ``mask.nonzero()`` but as ``dtype`` (int64 past
     2³¹ − 1 entries), found INDEX_CHUNK entries at a time, so that asking for int32 makes no int64 index of
     all of them on the way. int32 is for indices kept a while (a compiled training step keeps its uncovered
-    weights' from forward to backward: 4 bytes each, not 8); eager indexing with int32 is 10–50% slower."""
+    weights' from forward to backward: 4 bytes each, not 8); eager indexing with int32 is 10–50% slower.
+    ``test``: ``mask`` holds values and ``test(part)`` is the bool mask of each INDEX_CHUNK part, so that no
+    bool tensor of all entries is made (a T-sized one is fresh memory, mapped and zeroed, every step)."""
     if mask.numel() > torch.iinfo(torch.int32).max:
         dtype = torch.int64
     starts = range(0, max(mask.numel(), 1), INDEX_CHUNK)  # an empty mask: one empty part
-    parts = [mask[a : a + INDEX_CHUNK].nonzero().squeeze(1).to(dtype).add_(a) for a in starts]
+    select = (lambda part: part) if test is None else test
+    parts = [select(mask[a : a + INDEX_CHUNK]).nonzero().squeeze(1).to(dtype).add_(a) for a in starts]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
