@@ -1,6 +1,7 @@
 """The one-hot certificate (sqs_core.onehot): a certified weight really has a one-hot φ, and it fires."""
 
 import math
+from functools import partial
 from unittest import mock
 
 import pytest
@@ -172,3 +173,16 @@ def test_flat_indices_are_nonzero_across_chunks(bits, chunk, dtype):
         got = flat_indices(mask, dtype)
     assert got.dtype == dtype
     assert torch.equal(got.long(), mask.nonzero().squeeze(1))
+
+
+@given(
+    values=st.lists(st.integers(0, 3), max_size=200),
+    chunk=st.integers(1, 70),
+    target=st.integers(0, 3),
+)
+def test_flat_indices_with_a_test_match_the_full_mask(values, chunk, target):
+    """flat_indices(values, test=...) applies the test part by part and finds what the full mask's nonzero finds."""
+    tensor = torch.tensor(values, dtype=torch.uint8)
+    with mock.patch.object(onehot, "INDEX_CHUNK", chunk):
+        got = flat_indices(tensor, torch.int32, test=partial(torch.ne, other=target))
+    assert torch.equal(got.long(), (tensor != target).nonzero().squeeze(1))

@@ -254,12 +254,11 @@ def _one_hot_workspace(n, second, with_kl, device):
     """The buffers :func:`_one_hot_backward` writes a chunk of ``n`` weights' outputs into: flat index (int64),
     ∂/∂μ, ∂/∂log σ (``second``, else None) and λ̃ (``with_kl``, else None), float64. One set serves every chunk
     of a backward: fresh outputs per chunk made glibc map and zero new pages again and again."""
-    f64 = torch.float64
 
-    def make(on, dtype=f64):
-        return torch.empty(n, dtype=dtype, device=device) if on else None
+    def empty(dtype=torch.float64):
+        return torch.empty(n, dtype=dtype, device=device)
 
-    return (make(True, torch.int64), make(True), make(second), make(with_kl))
+    return empty(torch.int64), empty(), (empty() if second else None), (empty() if with_kl else None)
 
 
 class FusedPosteriorMoments(torch.autograd.Function):

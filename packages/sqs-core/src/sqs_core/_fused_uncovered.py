@@ -25,7 +25,7 @@ __all__ = ["KERNELS", "bin_scalars", "block_gradients", "full_block", "nearby_bl
 
 def _flat(window_ids, kstar, k, dtype=torch.int32):
     """w·K + k*: the index of each weight's component in the flattened (W, K) parameters (int32 suffices to
-    gather inside a kernel; the backward kernels return it as int64, what index_add_all's scatter_add_ takes).
+    gather inside a kernel; the backward kernels hand it on as int64, what index_add_all's scatter_add_ takes).
     Computed in int32 and converted: AVX2 has no int64 multiply (inductor emulates it lane by lane), and the
     int64 arithmetic took the one-hot backward kernel from 3.1-3.8 to 6.7-7.0 ms a chunk."""
     flat = window_ids.int() * k + kstar.int()
