@@ -219,3 +219,18 @@ def test_one_graph_for_every_layer_shape():
     graphs = counters["stats"]["unique_graphs"]
     step(nn.Sequential(nn.Linear(40, 33), nn.Conv1d(1, 5, 4)), torch.randn(3, 1, 40))
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_kernel_past_dynamos_recompile_limit_compiles_on():
+    """A kernel needs more graphs than dynamo's limit (8 per function; set to 1 here): past it, a new variant
+    compiles under _compiled.RECOMPILE_LIMIT instead of failing (fullgraph), and every variant stays right."""
+    from sqs_core._compiled import _Kernel
+
+    def shift(x, kind):
+        return x + 1 if kind == "one" else (x + 2 if kind == "two" else x + 3)
+
+    kernel, x = _Kernel(shift), torch.arange(4.0)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        outs = {kind: kernel(x, kind) for kind in ("one", "two", "three", "two")}
+    assert [float(outs[k][0]) for k in ("one", "two", "three")] == [1.0, 2.0, 3.0]
+    assert kernel.compiled is not None and kernel.calls == 4

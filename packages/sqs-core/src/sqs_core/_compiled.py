@@ -13,6 +13,8 @@ __all__: list[str] = []  # used by sqs_core._fused and sqs_core._fused_uncovered
 
 log = logging.getLogger(__name__)
 
+RECOMPILE_LIMIT = 64  # graphs per kernel (see _Kernel._run)
+
 
 class _Kernel:
     """``fn`` compiled with inductor on its first call; ``calls`` counts the calls (tests check it)."""
@@ -28,17 +30,29 @@ class _Kernel:
             return self.fn(*args)
         args = tuple(_unviewed(a) for a in args)
         if self.compiled is not None:
-            return self.compiled(*args)
+            return self._run(self.compiled, args)
         log.info("compiling %s with torch.compile (once per process; takes seconds)", self.fn.__name__)
         self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
         try:
-            return self.compiled(*args)
+            return self._run(self.compiled, args)
         except Exception as exc:
             self.compiled = None
             raise RuntimeError(
                 f"SQSConfig.compile_kernels: torch.compile failed on {self.fn.__name__} ({type(exc).__name__}); "
                 "inductor needs a working C++ compiler on CPU. Set compile_kernels=False to train eagerly."
             ) from exc
+
+    @staticmethod
+    def _run(compiled: Callable[..., Any], args: tuple) -> Any:
+        """The compiled call. A kernel legitimately needs more graphs than dynamo's default limit of 8 per
+        function (grad mode × responsibility kind × Var or not × dtype × nearby width): past it, a new variant
+        raises FailOnRecompileLimitHit (fullgraph) before anything runs, and is compiled again under
+        RECOMPILE_LIMIT. The limit is raised only for that call, and calls of compiled variants pay nothing."""
+        try:
+            return compiled(*args)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                return compiled(*args)
 
 
 def _unviewed(value: Any) -> Any:
