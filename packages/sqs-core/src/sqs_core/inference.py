@@ -36,7 +36,7 @@ def discrete_posteriors(
         alt_index, alt_probs = p.sampling_alternatives()
         out[name] = DiscretePosterior(
             shape=tuple(p.weight.shape),
-            codebook=p.means.detach().clone(),
+            codebook=p.means.detach().to(p.weight_dtype, copy=True),  # the levels as the layer stores weights
             window_ids=p.window_ids.reshape(-1),
             greedy=p.greedy_levels().reshape(-1),
             keep=keep[name].reshape(-1),

@@ -102,8 +102,8 @@ class SQSLayer(nn.Module):
         self.register_buffer("fixed_weight", None, persistent=False)
 
     def set_fixed_weight(self, weight: torch.Tensor) -> None:
-        """Switch to the ``fixed`` mode with a concrete (sparse, quantized) weight."""
-        self.fixed_weight = weight.detach()
+        """Switch to the ``fixed`` mode with a concrete (sparse, quantized) weight, in the layer's dtype."""
+        self.fixed_weight = weight.detach().to(self.posterior.weight_dtype)
         self.mode = "fixed"
 
     def set_variational(self) -> None:
@@ -117,6 +117,8 @@ class SQSLayer(nn.Module):
             return self.adapter.forward(self.base_layer, x, self.fixed_weight)
         moment_matched = self.training and self.posterior.config.likelihood == "moment_matched"
         mean, var = self.posterior.moments(second=moment_matched)
+        dtype = self.posterior.weight_dtype  # the posterior is float32 for a half-precision layer
+        mean, var = mean.to(dtype), (None if var is None else var.to(dtype))
         out = self.adapter.forward(self.base_layer, x, mean)
         if var is None:  # the plug-in likelihood: the forward at θ^avg
             return out

@@ -5,7 +5,8 @@
 θ (``weight``) is the fixed pretrained tensor (a buffer; a parameter with ``train_weight``). Each window
 w has its own K components: ``means`` μ, ``log_stds`` log σ and ``mixing_logits`` (π = softmax) of
 shape (W, K). ``gate_logits`` s̃ has θ's shape. ``mask`` is the pruning schedule's hard mask: a weight
-with mask 0 has λ̃ = 0 in the forward pass and in the KL (it is pruned).
+with mask 0 has λ̃ = 0 in the forward pass and in the KL (it is pruned). For a float16 or bfloat16 layer
+all of these are float32 (θ upcast exactly); the layer's forward runs in its own dtype (``weight_dtype``).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ __all__ = ["SAMPLING_FLOOR", "SpikeGMMPosterior"]
 # (eq. infer-theta), so a weight is "one-hot" when only one φ_k reaches it. The artifact stores the
 # alternatives of the other weights with the same rule, so sampling from a file and from memory agree.
 SAMPLING_FLOOR = 1e-3
+_HALF = (torch.float16, torch.bfloat16)
 
 
 class SpikeGMMPosterior(nn.Module):
     """Parameters and closed forms of q for one weight tensor; see the module docstring."""
 
-    weight: torch.Tensor  # θ: a buffer, or a Parameter when config.train_weight
+    weight: torch.Tensor  # θ: a buffer, or a Parameter when config.train_weight; at least float32
+    dtype_probe: torch.Tensor  # empty, of the wrapped layer's dtype (see weight_dtype)
     window_ids: torch.Tensor
     window_edges: torch.Tensor
     mask: torch.Tensor  # the pruning schedule's hard mask (bool)
@@ -48,7 +51,10 @@ class SpikeGMMPosterior(nn.Module):
 
     def __init__(self, weight: torch.Tensor, config: SQSConfig, *, generator: torch.Generator) -> None:
         super().__init__()
-        theta = weight.detach()
+        # float16/bfloat16 weights: the posterior is kept and computed in float32 (the certificate's bins and
+        # the paper's exp(π N) need it); the layer casts θ^avg and fixed weights back (SQSLayer)
+        weight_dtype = weight.dtype if weight.is_floating_point() else torch.float32
+        theta = weight.detach().to(torch.promote_types(weight_dtype, torch.float32))
         window_ids, edges = assign_windows(theta, config.windows)
         num_windows = int(window_ids.max()) + 1
         k = config.num_components
@@ -56,7 +62,7 @@ class SpikeGMMPosterior(nn.Module):
             kmeans_1d(theta[window_ids == w], k, iterations=config.kmeans_iterations, generator=generator)
             for w in range(num_windows)
         ]
-        dev, dtype = theta.device, theta.dtype if theta.is_floating_point() else torch.float32
+        dev, dtype = theta.device, theta.dtype
         self.means = nn.Parameter(torch.stack([i.means for i in inits]).to(dev, dtype))
         self.log_stds = nn.Parameter(torch.stack([i.stds for i in inits]).log().to(dev, dtype))
         self.mixing_logits = nn.Parameter(torch.stack([i.mixing for i in inits]).log().to(dev, dtype))
@@ -69,6 +75,8 @@ class SpikeGMMPosterior(nn.Module):
         self.register_buffer("window_edges", edges.to(dev, dtype))
         self.register_buffer("mask", torch.ones(theta.shape, dtype=torch.bool, device=dev))
         self.register_buffer("gate_temperature", torch.tensor(float(config.gate_temperature), device=dev))
+        # an empty tensor whose dtype is the layer's: model.to(dtype), .float() and .half() move it along
+        self.register_buffer("dtype_probe", torch.empty(0, dtype=weight_dtype, device=dev), persistent=False)
         self.config = config
         self._kstar: torch.Tensor | None = None
         self._pending_kl: tuple[torch.Tensor, tuple] | None = None  # (KL of the last forward, _kl_key then)
@@ -120,11 +128,17 @@ class SpikeGMMPosterior(nn.Module):
         """KL(N(μ_wk, σ_wk²) ‖ N(0, σ_0²)) per window and component, (W, K), differentiable."""
         return gaussian_kl(self.means, self.log_stds, self.config.prior.slab_std)
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype the layer computes in: its weight's at prepare_, then wherever ``model.to(dtype)`` took it."""
+        return self.dtype_probe.dtype
+
     # -- the training forward ---------------------------------------------------------------------
     def moments(self, *, second: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """θ^avg = λ̃ Σ_k φ_k μ_k (θ's shape) and, with ``second``, Var_q(θ̃) for the moment-matched
         likelihood. Memory-lean (chunked, recomputed in backward); caches k* for :meth:`kl`. With gradients
         on it also sums the gate KL in the same passes, for the next :meth:`kl` call."""
+        self._check_precision()
         with_kl = torch.is_grad_enabled() and self.gate_logits.requires_grad
         weights = (self.weight, self.gate_logits)
         flat = (*(t.reshape(-1) for t in weights), self.means, self.log_stds, self.mixing_logits)
@@ -185,6 +199,7 @@ class SpikeGMMPosterior(nn.Module):
         return out
 
     def _flat_inputs(self):
+        self._check_precision()
         return (
             self.weight.detach().reshape(-1),
             self.window_ids.reshape(-1),
@@ -194,6 +209,18 @@ class SpikeGMMPosterior(nn.Module):
             self.config.responsibility,
             self.config.temperature,
         )
+
+    def _check_precision(self) -> None:
+        """Refuse a posterior cast below float32 (e.g. ``model.half()`` after ``prepare_``): its bins and φ would
+        be wrong in half precision (an index past the bin table, or a silently wrong certificate)."""
+        tensors = (("weight", self.weight), ("means", self.means), ("gate_logits", self.gate_logits))
+        low = [f"{name} ({str(t.dtype).removeprefix('torch.')})" for name, t in tensors if t.dtype in _HALF]
+        if low:
+            raise ValueError(
+                f"the SQS posterior was cast to half precision: {', '.join(low)}; it must stay float32 or float64 "
+                "(prepare_ keeps it so for half-precision layers, whose forward still runs in their own dtype): "
+                "cast it back, e.g. model.float() after model.half()"
+            )
 
     @torch.no_grad()
     def certified_fraction(self) -> float:

@@ -125,9 +125,18 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
         for parent, attr, _ in refs[id(module)]:
             parent._modules[attr] = wrapper
     setattr(model, _MARK, config)
-    total = sum(p.weight.numel() for p in shared.values())
-    log.info("SQS prepared %d layers (%d posteriors, %d weights)", len(wrappers), len(shared), total)
+    _log_prepared(len(wrappers), list(shared.values()))
     return model
+
+
+def _log_prepared(num_layers: int, posteriors: list[SpikeGMMPosterior]) -> None:
+    total = sum(p.weight.numel() for p in posteriors)
+    log.info("SQS prepared %d layers (%d posteriors, %d weights)", num_layers, len(posteriors), total)
+    half = sorted({str(p.weight_dtype) for p in posteriors if p.weight_dtype != p.weight.dtype})
+    if half:  # float16 / bfloat16 layers (SpikeGMMPosterior)
+        log.info(
+            "SQS keeps the posteriors of %s layers in float32; the layers compute in their own dtype", "/".join(half)
+        )
 
 
 def prepared_config(model: nn.Module) -> SQSConfig:
