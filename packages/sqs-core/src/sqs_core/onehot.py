@@ -262,19 +262,23 @@ def uncovered_blocks(
 
 
 def flat_indices(
-    mask: torch.Tensor, dtype: torch.dtype = torch.int64, *, test: Callable[[torch.Tensor], torch.Tensor] | None = None
+    values: torch.Tensor,
+    dtype: torch.dtype = torch.int64,
+    *,
+    test: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """The indices of a flat bool ``mask``'s true entries, as ``mask.nonzero()`` but as ``dtype`` (int64 past
+    """The indices of the true entries of a flat bool mask, as ``mask.nonzero()`` but as ``dtype`` (int64 past
     2³¹ − 1 entries), found INDEX_CHUNK entries at a time, so that asking for int32 makes no int64 index of
     all of them on the way. int32 is for indices kept a while (a compiled training step keeps its uncovered
     weights' from forward to backward: 4 bytes each, not 8); eager indexing with int32 is 10–50% slower.
-    ``test``: ``mask`` holds values and ``test(part)`` is the bool mask of each INDEX_CHUNK part, so that no
-    bool tensor of all entries is made (a T-sized one is fresh memory, mapped and zeroed, every step)."""
-    if mask.numel() > torch.iinfo(torch.int32).max:
+    ``values`` is the mask itself, or with ``test`` any flat tensor whose mask ``test(part)`` gives for each
+    INDEX_CHUNK part, so that no bool tensor of all entries is made (a T-sized one is fresh memory, mapped
+    and zeroed, every step)."""
+    if values.numel() > torch.iinfo(torch.int32).max:
         dtype = torch.int64
-    starts = range(0, max(mask.numel(), 1), INDEX_CHUNK)  # an empty mask: one empty part
+    starts = range(0, max(values.numel(), 1), INDEX_CHUNK)  # an empty tensor: one empty part
     select = (lambda part: part) if test is None else test
-    parts = [select(mask[a : a + INDEX_CHUNK]).nonzero().squeeze(1).to(dtype).add_(a) for a in starts]
+    parts = [select(values[a : a + INDEX_CHUNK]).nonzero().squeeze(1).to(dtype).add_(a) for a in starts]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
