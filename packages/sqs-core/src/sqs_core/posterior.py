@@ -134,6 +134,9 @@ class SpikeGMMPosterior(nn.Module):
         return self.dtype_probe.dtype
 
     # -- the training forward ---------------------------------------------------------------------
+    # Both run eagerly inside a user's torch.compile(model) (a graph break; the rest of the model compiles):
+    # dynamo cannot trace their data-dependent blocks and Python state (it failed on a guard, cold cache).
+    @torch.compiler.disable
     def moments(self, *, second: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """θ^avg = λ̃ Σ_k φ_k μ_k (θ's shape) and, with ``second``, Var_q(θ̃) for the moment-matched
         likelihood. Memory-lean (chunked, recomputed in backward); caches k* for :meth:`kl`. With gradients
@@ -164,6 +167,7 @@ class SpikeGMMPosterior(nn.Module):
         """θ^avg (Section "Training Procedure"): the weight of the plug-in training forward."""
         return self.moments()[0]
 
+    @torch.compiler.disable
     def kl(self) -> torch.Tensor:
         """Σ_i KL(Bern(λ̃_i)‖Bern(λ)) + Σ_i λ̃_i KL(N(μ_k*, σ_k*²)‖N(0, σ_0²)) (eq. approx_elbo).
 
