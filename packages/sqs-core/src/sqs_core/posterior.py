@@ -11,7 +11,10 @@ all of these are float32 (θ upcast exactly); the layer's forward runs in its ow
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,6 +40,21 @@ __all__ = ["SAMPLING_FLOOR", "SpikeGMMPosterior"]
 # alternatives of the other weights with the same rule, so sampling from a file and from memory agree.
 SAMPLING_FLOOR = 1e-3
 _HALF = (torch.float16, torch.bfloat16)
+
+
+def _eager_under_torch_compile(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` run eagerly inside a user's ``torch.compile(model)``: a graph break, the rest of the model
+    compiles. Dynamo cannot trace the posterior's data-dependent blocks and Python state (AOTAutograd failed
+    on a guard). ``torch.compiler.disable`` as a plain decorator would import dynamo (sympy, ...) with
+    sqs_core; this asks for it only while dynamo traces, when it is loaded already."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return torch.compiler.disable(method)(*args, **kwargs)
+        return method(*args, **kwargs)
+
+    return wrapper
 
 
 class SpikeGMMPosterior(nn.Module):
@@ -134,9 +152,7 @@ class SpikeGMMPosterior(nn.Module):
         return self.dtype_probe.dtype
 
     # -- the training forward ---------------------------------------------------------------------
-    # Both run eagerly inside a user's torch.compile(model) (a graph break; the rest of the model compiles):
-    # dynamo cannot trace their data-dependent blocks and Python state (it failed on a guard, cold cache).
-    @torch.compiler.disable
+    @_eager_under_torch_compile
     def moments(self, *, second: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """θ^avg = λ̃ Σ_k φ_k μ_k (θ's shape) and, with ``second``, Var_q(θ̃) for the moment-matched
         likelihood. Memory-lean (chunked, recomputed in backward); caches k* for :meth:`kl`. With gradients
@@ -167,7 +183,7 @@ class SpikeGMMPosterior(nn.Module):
         """θ^avg (Section "Training Procedure"): the weight of the plug-in training forward."""
         return self.moments()[0]
 
-    @torch.compiler.disable
+    @_eager_under_torch_compile
     def kl(self) -> torch.Tensor:
         """Σ_i KL(Bern(λ̃_i)‖Bern(λ)) + Σ_i λ̃_i KL(N(μ_k*, σ_k*²)‖N(0, σ_0²)) (eq. approx_elbo).
 
