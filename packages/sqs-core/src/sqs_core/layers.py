@@ -38,7 +38,23 @@ class LayerAdapter:
     square_input: bool = True
 
 
-def _conv1d_hf(base: Any, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+def _linear(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, weight, base.bias)
+
+
+def _linear_no_bias(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, weight)
+
+
+def _conv(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return base._conv_forward(x, weight, base.bias)
+
+
+def _conv_no_bias(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return base._conv_forward(x, weight, None)
+
+
+def _conv1d_hf(base: Any, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
     """transformers' Conv1D: y = x W + b with W of shape (in, out)."""
     out_shape = (*x.shape[:-1], weight.shape[1])
     flat = x.reshape(-1, x.shape[-1])
@@ -46,26 +62,22 @@ def _conv1d_hf(base: Any, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.
     return y.reshape(out_shape)
 
 
+def _conv1d_hf_with_bias(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return _conv1d_hf(base, x, weight, base.bias)
+
+
 def _embedding(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.embedding(x, weight, base.padding_idx, base.max_norm, base.norm_type, base.scale_grad_by_freq, base.sparse)
 
 
+# module-level functions, not lambdas, so that a prepared model pickles (torch.save(model))
 _REGISTRY: dict[type, LayerAdapter] = {
-    nn.Linear: LayerAdapter(
-        forward=lambda base, x, w: F.linear(x, w, base.bias),
-        forward_no_bias=lambda base, x, w: F.linear(x, w),
-    ),
+    nn.Linear: LayerAdapter(forward=_linear, forward_no_bias=_linear_no_bias),
     nn.Embedding: LayerAdapter(forward=_embedding, forward_no_bias=_embedding, square_input=False),
 }
-for _conv in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
-    _REGISTRY[_conv] = LayerAdapter(
-        forward=lambda base, x, w: base._conv_forward(x, w, base.bias),
-        forward_no_bias=lambda base, x, w: base._conv_forward(x, w, None),
-    )
-_HF_CONV1D = LayerAdapter(
-    forward=lambda base, x, w: _conv1d_hf(base, x, w, base.bias),
-    forward_no_bias=lambda base, x, w: _conv1d_hf(base, x, w, None),
-)
+for _conv_type in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
+    _REGISTRY[_conv_type] = LayerAdapter(forward=_conv, forward_no_bias=_conv_no_bias)
+_HF_CONV1D = LayerAdapter(forward=_conv1d_hf_with_bias, forward_no_bias=_conv1d_hf)
 
 
 def register_layer_type(layer_type: type, adapter: LayerAdapter) -> None:
@@ -110,17 +122,34 @@ class SQSLayer(nn.Module):
         self.fixed_weight = None
         self.mode = "variational"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight the layer computes with, for code that reads ``layer.weight`` instead of calling the layer
+        (nn.MultiheadAttention reads ``out_proj.weight``): the fixed weight, or θ^avg, through which gradients
+        reach the posterior (the plug-in forward, whatever ``likelihood`` says)."""
+        return self._weight_and_variance(second=False)[0]
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        """The wrapped module's bias (None if it has none), beside :attr:`weight`."""
+        return getattr(self.base_layer, "bias", None)
+
+    def _weight_and_variance(self, *, second: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, Var_q or None) in the layer's dtype: the fixed weight, or the posterior's moments (float32 for
+        a half-precision layer, cast back)."""
         if self.mode == "fixed":
             if self.fixed_weight is None:
                 raise RuntimeError("SQSLayer in fixed mode without a weight; call set_fixed_weight first")
-            return self.adapter.forward(self.base_layer, x, self.fixed_weight)
-        moment_matched = self.training and self.posterior.config.likelihood == "moment_matched"
-        mean, var = self.posterior.moments(second=moment_matched)
-        dtype = self.posterior.weight_dtype  # the posterior is float32 for a half-precision layer
-        mean, var = mean.to(dtype), (None if var is None else var.to(dtype))
-        out = self.adapter.forward(self.base_layer, x, mean)
-        if var is None:  # the plug-in likelihood: the forward at θ^avg
+            return self.fixed_weight, None
+        mean, var = self.posterior.moments(second=second)
+        dtype = self.posterior.weight_dtype
+        return mean.to(dtype), (None if var is None else var.to(dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        moment_matched = self.mode != "fixed" and self.training and self.posterior.config.likelihood == "moment_matched"
+        weight, var = self._weight_and_variance(second=moment_matched)
+        out = self.adapter.forward(self.base_layer, x, weight)
+        if var is None:  # fixed, or the plug-in likelihood: the forward at θ^avg
             return out
         var_input = x * x if self.adapter.square_input else x
         out_var = self.adapter.forward_no_bias(self.base_layer, var_input, var)

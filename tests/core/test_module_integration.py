@@ -1,0 +1,63 @@
+"""Prepared layers inside modules that read ``layer.weight`` themselves, and whole prepared models pickled.
+
+nn.MultiheadAttention passes ``out_proj.weight`` / ``.bias`` to its functional form instead of calling
+out_proj, so SQSLayer exposes ``weight`` (θ^avg or the fixed weight) and ``bias``; before, a prepared
+nn.TransformerEncoderLayer failed with "'SQSLayer' object has no attribute 'weight'". The built-in adapters
+are module-level functions, so ``torch.save(model)`` pickles a prepared model (lambdas did not).
+"""
+
+import copy
+import io
+
+import sqs_core as sqs
+import torch
+from torch import nn
+
+
+def _encoder():
+    torch.manual_seed(0)
+    return nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+
+
+def _with_weights(plain, weights):
+    """A copy of the plain module with the given {layer name: weight}."""
+    out = copy.deepcopy(plain)
+    with torch.no_grad():
+        for name, weight in weights.items():
+            out.get_submodule(name).weight.copy_(weight)
+    return out
+
+
+def test_transformer_encoder_layer_trains_through_out_proj_weight(tmp_path):
+    plain, model = _encoder(), _encoder()
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4))
+    layers = sqs.sqs_layers(model)
+    assert set(layers) == {"self_attn.out_proj", "linear1", "linear2"}
+    x = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(1))
+    means = {name: layer.weight.detach() for name, layer in layers.items()}
+    out = model(x)
+    assert torch.allclose(out, _with_weights(plain, means)(x), atol=1e-5)
+    out.square().mean().backward()
+    grads = {name: layer.posterior.gate_logits.grad for name, layer in layers.items()}
+    assert all(g is not None and bool(g.abs().sum() > 0) for g in grads.values()), grads.keys()
+    sqs.greedy_(model)
+    fixed = {name: layer.fixed_weight for name, layer in layers.items()}
+    assert all(torch.equal(layers[name].weight, w) for name, w in fixed.items())
+    model.eval()
+    plain.eval()
+    with torch.no_grad():
+        want = _with_weights(plain, fixed)(x)
+        assert torch.allclose(model(x), want, atol=1e-5)
+        sqs.save(model, tmp_path / "encoder.sqs")
+        assert torch.allclose(sqs.load(tmp_path / "encoder.sqs", _encoder().eval())(x), want, atol=1e-5)
+
+
+def test_a_prepared_model_pickles_whole():
+    model = sqs.prepare_(nn.Sequential(nn.Conv1d(2, 4, 3), nn.Flatten(), nn.Linear(24, 3)), sqs.SQSConfig())
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    again = torch.load(buffer, weights_only=False)
+    x = torch.randn(2, 2, 8)
+    assert torch.equal(again(x), model(x))
+    assert list(sqs.sqs_layers(again)) == list(sqs.sqs_layers(model))
