@@ -4,6 +4,7 @@ import pytest
 import sqs_core as sqs
 import torch
 from torch import nn
+from torch.nn.utils import parametrizations
 
 
 def mlp():
@@ -37,6 +38,30 @@ def test_inf_weight_is_refused():
     with torch.no_grad():
         model[0].weight[1, 1] = float("inf")
     with pytest.raises(ValueError, match="NaN or infinite"):
+        sqs.prepare_(model)
+
+
+@pytest.mark.parametrize(
+    ("make_layer", "fragment"),
+    [
+        (lambda: parametrizations.weight_norm(nn.Linear(4, 4)), "parametrized weight.*remove_parametrizations"),
+        (lambda: parametrizations.spectral_norm(nn.Linear(4, 4)), "parametrized weight"),
+        (lambda: nn.LazyLinear(4), "lazy module.*not initialised"),
+    ],
+    ids=["weight_norm", "spectral_norm", "lazy"],
+)
+def test_weights_sqs_cannot_take_over_are_refused_and_model_is_untouched(make_layer, fragment):
+    model = nn.Sequential(nn.Linear(4, 4), make_layer(), nn.Linear(4, 2))
+    text = repr(model)
+    with pytest.raises(ValueError, match=rf"'1'.*{fragment}"):
+        sqs.prepare_(model)
+    assert repr(model) == text and not sqs.is_prepared(model)
+
+
+def test_meta_weights_are_refused():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(ValueError, match=r"'0'.*meta device"):
         sqs.prepare_(model)
 
 

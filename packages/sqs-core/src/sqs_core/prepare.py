@@ -12,6 +12,7 @@ import re
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from .config import SQSConfig
 from .layers import SQSLayer, adapter_for
@@ -103,9 +104,7 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     config = config if config is not None else SQSConfig()
     chosen, refs = _select(model, config)
     for name, module, _ in chosen:
-        weight = module.weight
-        if not weight.is_floating_point() or not torch.isfinite(weight).all():
-            raise ValueError(f"layer {name!r} has a NaN or infinite weight (or a non-float dtype); fix it first")
+        _check_weight(name, module)
     generator = torch.Generator().manual_seed(config.seed)
     shared: dict[int, SpikeGMMPosterior] = {}
     wrappers: list[tuple[nn.Module, SQSLayer]] = []
@@ -127,6 +126,25 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     setattr(model, _MARK, config)
     _log_prepared(len(wrappers), list(shared.values()))
     return model
+
+
+def _check_weight(name: str, module: nn.Module) -> None:
+    """A clear ValueError, before anything changes, for a weight SQS cannot take over."""
+    if parametrize.is_parametrized(module, "weight"):
+        raise ValueError(
+            f"layer {name!r} has a parametrized weight (torch.nn.utils.parametrize: weight_norm, spectral_norm, ...); "
+            "SQS replaces a plain weight tensor: remove the parametrization first "
+            "(torch.nn.utils.parametrize.remove_parametrizations(module, 'weight')) or exclude the layer"
+        )
+    weight = module.weight
+    if not isinstance(weight, torch.Tensor):  # _select keeps only modules whose weight is a tensor
+        raise ValueError(f"layer {name!r} has no weight tensor")
+    if isinstance(weight, nn.parameter.UninitializedParameter):
+        raise ValueError(f"layer {name!r} is a lazy module whose weight is not initialised: run a forward pass first")
+    if weight.is_meta:
+        raise ValueError(f"layer {name!r} has its weight on the meta device (no values): load its weights first")
+    if not weight.is_floating_point() or not torch.isfinite(weight).all():
+        raise ValueError(f"layer {name!r} has a NaN or infinite weight (or a non-float dtype); fix it first")
 
 
 def _log_prepared(num_layers: int, posteriors: list[SpikeGMMPosterior]) -> None:
