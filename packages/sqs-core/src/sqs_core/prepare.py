@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import cast
 
 import torch
 from torch import nn
@@ -136,9 +137,7 @@ def _check_weight(name: str, module: nn.Module) -> None:
             "SQS replaces a plain weight tensor: remove the parametrization first "
             "(torch.nn.utils.parametrize.remove_parametrizations(module, 'weight')) or exclude the layer"
         )
-    weight = module.weight
-    if not isinstance(weight, torch.Tensor):  # _select keeps only modules whose weight is a tensor
-        raise ValueError(f"layer {name!r} has no weight tensor")
+    weight = cast(torch.Tensor, module.weight)  # _select keeps only modules whose weight is a tensor
     if isinstance(weight, nn.parameter.UninitializedParameter):
         raise ValueError(f"layer {name!r} is a lazy module whose weight is not initialised: run a forward pass first")
     if weight.is_meta:
