@@ -9,6 +9,7 @@ are module-level functions, so ``torch.save(model)`` pickles a prepared model (l
 import copy
 import io
 
+import pytest
 import sqs_core as sqs
 import torch
 from torch import nn
@@ -61,3 +62,21 @@ def test_a_prepared_model_pickles_whole():
     x = torch.randn(2, 2, 8)
     assert torch.equal(again(x), model(x))
     assert list(sqs.sqs_layers(again)) == list(sqs.sqs_layers(model))
+
+
+def test_assigning_bias_sets_the_wrapped_modules_and_weight_is_refused():
+    """``layer.bias = ...`` raised KeyError "attribute 'bias' already exists" (a Parameter) or "property 'bias'
+    has no setter" (None); it now sets the wrapped module's bias, which the forward and the optimizer see."""
+    model = sqs.prepare_(nn.Sequential(nn.Linear(6, 3)), sqs.SQSConfig())
+    layer, x = model[0], torch.randn(2, 6)
+    new_bias = nn.Parameter(torch.arange(3.0))
+    layer.bias = new_bias
+    assert layer.base_layer.bias is new_bias and layer.bias is new_bias
+    assert any(p is new_bias for p in model.parameters())
+    assert torch.allclose(model(x), nn.functional.linear(x, layer.weight, new_bias))
+    layer.bias = None
+    assert layer.base_layer.bias is None
+    assert torch.allclose(model(x), nn.functional.linear(x, layer.weight))
+    with pytest.raises(AttributeError, match="set_fixed_weight"):
+        layer.weight = nn.Parameter(torch.zeros(3, 6))
+    assert "weight" not in dict(layer.named_parameters(recurse=False))

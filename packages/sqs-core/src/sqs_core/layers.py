@@ -131,8 +131,21 @@ class SQSLayer(nn.Module):
 
     @property
     def bias(self) -> torch.Tensor | None:
-        """The wrapped module's bias (None if it has none), beside :attr:`weight`."""
+        """The wrapped module's bias (None if it has none), beside :attr:`weight`. Assigning ``layer.bias``
+        (a Parameter, a tensor or None) sets the wrapped module's, which the forward uses."""
         return getattr(self.base_layer, "bias", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "bias":  # nn.Module would register a second 'bias' or find no setter on the property
+            self.base_layer.bias = value
+        elif name == "weight":
+            raise AttributeError(
+                "SQSLayer.weight is computed from the posterior (θ^avg) or the fixed weight and cannot be assigned: "
+                "set a concrete weight with set_fixed_weight(weight), or prepare a plain module again to start from "
+                "another pretrained weight"
+            )
+        else:
+            super().__setattr__(name, value)
 
     def _weight_and_variance(self, *, second: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(weight, Var_q or None) in the layer's dtype: the fixed weight, or the posterior's moments (float32 for
