@@ -159,7 +159,7 @@ class SQSLayer(nn.Module):
         return mean.to(dtype), (None if var is None else var.to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        moment_matched = self.mode != "fixed" and self.training and self.posterior.config.likelihood == "moment_matched"
+        moment_matched = self.training and self.posterior.config.likelihood == "moment_matched"  # fixed: no Var
         weight, var = self._weight_and_variance(second=moment_matched)
         out = self.adapter.forward(self.base_layer, x, weight)
         if var is None:  # fixed, or the plug-in likelihood: the forward at θ^avg
