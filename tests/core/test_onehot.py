@@ -104,17 +104,20 @@ def test_ties_take_the_full_path_and_still_match(monkeypatch):
 @pytest.mark.parametrize("narrowing", [2.5, -0.3])
 @pytest.mark.parametrize("windows", ["none", "outlier"])
 @pytest.mark.parametrize("second", [False, True])
-def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, windows, second, narrowing):
+@pytest.mark.parametrize("train_weight", [False, True])
+def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, windows, second, narrowing, train_weight):
     """Under the paper's formula a weight far from every component has a near-uniform φ (not certified);
     when all but 4, 8 or 16 (NEARBY_WIDTHS) components have e^{π N} = 1 in the working precision it is
     evaluated on those and one lumped term. Narrower components (``narrowing``: log σ shift) leave fewer
     that matter: 2.5 puts every such weight in a bin of width 4; −0.3 (slightly wider) spreads them over
-    bins of every width."""
+    bins of every width. With ``train_weight`` the gradient reaches θ too."""
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 256)
     g = torch.Generator().manual_seed(3)
     w = torch.randn(60, 50, generator=g, dtype=torch.float64) * 0.1
     w.view(-1)[:3] = torch.tensor([1.5, -1.2, 1.1], dtype=torch.float64)
-    config = sqs.SQSConfig(num_components=32, windows=windows, responsibility="paper", temperature=5e-4)
+    config = sqs.SQSConfig(
+        num_components=32, windows=windows, responsibility="paper", temperature=5e-4, train_weight=train_weight
+    )
     p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
     with torch.no_grad():
         p.log_stds.sub_(narrowing)  # narrower components: more weights lie ≥ 10σ from all of them
@@ -133,7 +136,7 @@ def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, wi
     m = (phi * p.means[rows]).sum(-1)
     ref_mean = lam * m
     assert torch.allclose(mean.reshape(-1), ref_mean, rtol=1e-9, atol=1e-12)
-    params = [p.means, p.log_stds, p.mixing_logits, p.gate_logits]
+    params = [p.means, p.log_stds, p.mixing_logits, p.gate_logits] + ([p.weight] if train_weight else [])
     weights = torch.randn(mean.shape, generator=g, dtype=torch.float64)
     ours, ref = (mean * weights).sum(), (ref_mean.reshape(mean.shape) * weights).sum()
     if second:

@@ -42,6 +42,7 @@ from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
 from ._fused_uncovered import _flat, bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
 from ._index_add import index_add_all
+from ._nearby import TableGradients
 from .chunked import _chunk_ranges, _gate_probs, _variance, kl_accumulator, kl_grad
 from .onehot import CERTIFIED, _bin_bounds, bin_of, bin_table, uncovered_blocks
 
@@ -313,9 +314,12 @@ class FusedPosteriorMoments(torch.autograd.Function):
         g_gate = _one_hot_gradients(param_grads, g_comp, *one_hot, grad_kl, spec)
         inputs = (theta, gate_logits, mask, window_ids, grad_mean, gv)
         nearby = rest[0]  # the bin table's (B, 16) nearby components; a block of width w uses the first w
+        table_grads = TableGradients(leaves, ctx.second) if any(ctx.widths) else None
         for u, bins, width in unpack_blocks(rest[1:], ctx.widths):  # the uncovered weights: recomputed, as in chunked
-            components = nearby[:, :width] if width else None  # None: a full block (all K)
+            components = (nearby[:, :width], table_grads) if width else None  # None: a full block (all K)
             block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, components, spec)
+        if table_grads is not None:
+            table_grads.into(param_grads)
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
         return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
 

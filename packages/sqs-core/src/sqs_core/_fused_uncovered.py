@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
-from ._index_add import index_add_all
+from ._nearby import NearbyTables
 from .chunked import _gate_probs, _variance, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
 from .onehot import bin_of
@@ -176,7 +176,7 @@ def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars):
         (m, s), pullback = torch.func.vjp(moments_of, th, mu, inv_std, const, total_mu, total_sq)[:2]
         grads = pullback((gm * lam - 2 * gv * lam * lam * m, gv * lam))
         dlam = gm * m + gv * (s - 2 * lam * m * m - spike_var)
-    return dlam * lam * (1 - lam_raw) / tau, *grads
+    return dlam * lam * (1 - lam_raw) / tau, grads[0], *(g.double() for g in grads[1:])
 
 
 KERNELS = {fn.__name__: _Kernel(fn) for fn in (_full_columns, _nearby_forward, _nearby_inputs, _nearby_vjp)}
@@ -191,23 +191,13 @@ def _full_eval(th, wid, means, log_stds, log_mix, spec, second):
     return m, s, best.to(torch.uint8)
 
 
-def _nearby_tables(means, log_stds, log_mix):
-    """μ, 1/σ and log π − log σ − ½ log 2π per component, (W, K) each: what the nearby evaluation gathers."""
-    return means, torch.exp(-log_stds), log_mix - log_stds - HALF_LOG_2PI
-
-
-def _level_sq_totals(means, log_stds):
-    """Σ_k (μ_k² + σ_k²) per window, (W,)."""
-    return (means * means + torch.exp(2 * log_stds)).sum(-1)
-
-
 def nearby_block(u, inputs, lookup, log_mix, spec, second, kl_table):
     """:func:`_nearby_forward` for one block whose bins take the (B, width) components ``lookup[0]``
     (``lookup``: that table and :func:`bin_scalars`): (θ^avg, Var or None, k*, KL correction or None, bins)."""
     theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
     k = means.shape[1]
-    tables = [t.detach().reshape(-1) for t in _nearby_tables(means, log_stds, log_mix)]
-    totals = (means.detach().sum(-1), _level_sq_totals(means, log_stds).detach() if second else None)
+    nearby = NearbyTables.build(means, log_stds, log_mix, second)
+    tables, totals = list(nearby.columns), (nearby.total_mu, nearby.total_sq)
     lumped = float(k - lookup[0].shape[1])
     scalars = (
         _scalar(lumped),
@@ -246,11 +236,11 @@ def unpack_blocks(tensors, widths):
 
 
 def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec):
-    """Recompute one block of uncovered weights (``bins`` and ``nearby`` None: on all K, else in ``bins``, whose
-    components the (B, width) table ``nearby`` lists) with a graph, accumulate their parameter gradients and add the
-    moments' part of their ∂/∂s̃ to ``g_gate``."""
+    """Recompute one block of uncovered weights (``bins`` None: on all K, else in ``bins``, whose components
+    ``nearby`` = (the (B, width) table, :class:`~sqs_core._nearby.TableGradients`) lists and sums into) with its
+    gradients, accumulate its parameter gradients and add the moments' part of its ∂/∂s̃ to ``g_gate``."""
     if bins is not None:
-        return _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec)
+        return _nearby_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec)
     theta, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
     second, tau = grad_var is not None, spec.gate_temperature
     _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
@@ -264,31 +254,21 @@ def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearb
     g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / tau)
 
 
-def _nearby_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearby, spec):
+def _nearby_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
     """:func:`block_gradients` of a block in lumpable bins: its inputs gathered by one kernel, values and
     gradients by one :func:`_nearby_vjp` kernel (which gathers its columns of the (W, K) tables); the column
-    gradients are summed into the tables by ``index_add_`` and taken through the small graph
-    tables ← (μ, log σ, mixing logits) by autograd."""
-    means, log_stds, mixing_logits = leaves
-    second, tau = inputs[-1] is not None, _scalar(spec.gate_temperature)
-    with torch.enable_grad():
-        tables = _nearby_tables(means, log_stds, F.log_softmax(mixing_logits, dim=-1))
-        totals = [means.sum(-1)] + ([_level_sq_totals(means, log_stds)] if second else [])
-    th, wid, lam, lam_raw, gm, gv, components = KERNELS["_nearby_inputs"](u, bins, *inputs, nearby, tau)
-    flat = components.reshape(-1)
-    flat_tables = [t.detach().reshape(-1) for t in tables]
-    window_totals = [t.detach() for t in totals] + ([] if second else [None])
-    lumped = _scalar(float(means.shape[1] - components.shape[0]))
+    gradients (float64) are summed into the tables by ``nearby``'s TableGradients, which takes them to the
+    (W, K) parameters once per backward."""
+    table, table_grads = nearby
+    tau = _scalar(spec.gate_temperature)
+    th, wid, lam, lam_raw, gm, gv, components = KERNELS["_nearby_inputs"](u, bins, *inputs, table, tau)
+    tables = table_grads.tables
+    lumped = _scalar(float(tables.k - components.shape[0]))
     scalars = (lumped, _scalar(spec.temperature), tau, _scalar(spec.spike_variance))
-    args = (th, components, flat_tables, window_totals, wid, gm, gv, lam, lam_raw, scalars)
+    totals = [tables.total_mu, tables.total_sq]
+    args = (th, components, list(tables.columns), totals, wid, gm, gv, lam, lam_raw, scalars)
     g_gate_u, g_th, *column_grads = KERNELS["_nearby_vjp"](*args)
-    outputs = [*tables, *totals]
-    grads_out = [t.new_zeros(t.shape) for t in outputs]
-    jobs = [(g.view(-1), flat, c.reshape(-1)) for g, c in zip(grads_out[:3], column_grads[:3], strict=True)]
-    index_add_all(jobs + [(g, wid, c) for g, c in zip(grads_out[3:], column_grads[3:], strict=True)])
-    for acc, g in zip(param_grads, torch.autograd.grad(outputs, leaves, grads_out, allow_unused=True), strict=True):
-        if g is not None:
-            acc += g.reshape(-1)
+    table_grads.add(components, wid, column_grads[:3], column_grads[3:])
     if g_theta is not None:
         g_theta[u] = g_th.to(g_theta.dtype)  # index_copy_ takes int64 indices only
     g_gate.index_add_(0, u, g_gate_u)

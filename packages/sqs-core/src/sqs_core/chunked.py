@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from ._index_add import index_add_all
-from .mixture import PAPER_CLAMP, bernoulli_kl, component_log_density, log_responsibilities
+from ._nearby import NearbyTables, TableGradients, nearby_moments, nearby_vjp
+from .mixture import bernoulli_kl, component_log_density, log_responsibilities
 from .onehot import CERTIFIED, bin_components, bin_table, certify_one_hot, classify, flat_indices, uncovered_blocks
 
 __all__ = [
@@ -94,8 +95,9 @@ class _PosteriorMoments(torch.autograd.Function):
 
     Weights certified one-hot (:mod:`sqs_core.onehot`) cost O(1) each: θ^avg = λ̃ μ_{k*}, and their
     gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest are evaluated on their bin's 4, 8 or
-    16 nearby components plus one lumped term where the paper's formula allows it exactly, else on all K;
-    both recomputed in backward. Windows are handled by gathering each weight's row of (W, K) parameters.
+    16 nearby components plus one lumped term where the paper's formula allows it exactly (sqs_core._nearby,
+    its backward derived by hand), else on all K (autograd); both recomputed in backward, at the indices the
+    forward found (kept as int32). Windows are handled by gathering each weight's row of (W, K) parameters.
     With ``component_kl`` the gate KL (eq. approx_elbo) at these k* is summed in the same chunk loop and
     its gradients, ∂/∂s̃ and Σ λ̃ per component, are added in the same backward loop: one autograd node
     and one T-sized ∂/∂s̃ instead of two.
@@ -112,17 +114,26 @@ class _PosteriorMoments(torch.autograd.Function):
         log_mix = F.log_softmax(mixing_logits, dim=-1)
         k = means.shape[1]
         table = bin_table(theta, window_ids, means, log_stds, log_mix, spec.kind, spec.temperature, ranges)
+        tables = NearbyTables.build(means, log_stds, log_mix, second) if table.any_lumpable else None
+        blocks: list[tuple[int, int]] = []  # (chunk start, width) of each block of uncovered weights
+        block_indices: list[torch.Tensor] = []  # its indices within the chunk, int32, kept for backward
         for a, b in _chunk_ranges(theta.numel(), 1):
             th, wid = theta[a:b], window_ids[a:b]
             ks, m, cls = classify(th, wid, table)
             s = _level_second_moment(m, _flat_index(wid, ks, means.shape[0], k), log_stds) if second else None
             for u, width in uncovered_blocks(cls, table, k, CHUNK_ELEMENTS):
-                th_u = th[u]
-                nearby = bin_components(table, th_u, width)
-                moments = _uncovered_moments(th_u, wid[u].long(), nearby, means, log_stds, log_mix, spec, second)
+                th_u, wid_u = th[u], wid[u].long()
+                if width:
+                    assert tables is not None  # a width only where the table has lumpable bins
+                    flat = bin_components(table, th_u, width)
+                    moments = nearby_moments(th_u, wid_u, flat, tables, spec.temperature)
+                else:
+                    moments = _full_levels(th_u, wid_u, means, log_stds, log_mix, spec, second)
                 m[u], s_u, ks[u] = moments
                 if s is not None:
                     s[u] = s_u
+                blocks.append((a, width))
+                block_indices.append(u.int())
             scaled, _, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
             if component_kl is not None:
                 ck = component_kl.reshape(-1).index_select(0, _flat_index(wid, ks, means.shape[0], k))
@@ -133,16 +144,19 @@ class _PosteriorMoments(torch.autograd.Function):
             if s is not None:
                 var[a:b] = _variance(lam, m, s, spec.spike_variance)
         saved = (theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes)
-        ctx.save_for_backward(*saved)
-        ctx.spec, ctx.second, ctx.table = spec, second, table
+        ctx.save_for_backward(*saved, *block_indices)
+        ctx.spec, ctx.second, ctx.table, ctx.blocks = spec, second, table, blocks
         ctx.mark_non_differentiable(kstar)
         return mean, var, kstar, kl.to(theta.dtype)
 
     @staticmethod
     def backward(ctx, grad_mean, grad_var, _grad_kstar, grad_kl):
-        theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes = (
+        theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes, *indices = (
             ctx.saved_tensors
         )
+        blocks: dict[int, list[tuple[torch.Tensor, int]]] = {}  # chunk start: [(indices, width)] as forward found
+        for (start, width), u in zip(ctx.blocks, indices, strict=True):
+            blocks.setdefault(start, []).append((u.long(), width))
         spec, second, g_comp = ctx.spec, ctx.second, kl_accumulator(component_kl, grad_kl)
         leaves = [p.detach().requires_grad_() for p in (means, log_stds, mixing_logits)]
         # float64 accumulators: millions of per-weight terms are summed into W·K entries
@@ -150,12 +164,12 @@ class _PosteriorMoments(torch.autograd.Function):
         g_theta = torch.zeros_like(theta) if ctx.needs_input_grad[0] else None
         g_gate = torch.empty_like(gate_logits)
         num_windows, k = means.shape
+        nearby = TableGradients(leaves, second) if ctx.table.any_lumpable else None
         for a, b in _chunk_ranges(theta.numel(), 1):
             wid = window_ids[a:b]
             scaled, lam_raw, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
             gm, gv = grad_mean[a:b], (grad_var[a:b] if second else None)
-            flat, cls = _flat_index(wid, kstar[a:b], num_windows, k), classes[a:b]
-            cert = cls == CERTIFIED
+            flat, cert = _flat_index(wid, kstar[a:b], num_windows, k), classes[a:b] == CERTIFIED
             m, s = _one_hot_moments(flat, means, log_stds, second)
             sums = _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds)
             if g_comp is not None:
@@ -163,15 +177,21 @@ class _PosteriorMoments(torch.autograd.Function):
                 g_kl = _kl_gate_grads(scaled, lam_raw, lam, ck, spec.gate_temperature, spec.prior_keep, grad_kl)
                 sums.append((g_comp, flat, lam.double()))
             index_add_all(sums)
-            for u, width in uncovered_blocks(cls, ctx.table, k, CHUNK_ELEMENTS):
-                block = _Uncovered(a, u, wid[u].long(), bin_components(ctx.table, theta[a:b][u], width))
-                m[u], s_u = _full_grads(param_grads, g_theta, block, leaves, theta, spec, gm[u], gv, lam[u])
+            for u, width in blocks.get(a, []):
+                block = _Uncovered(a, u, wid[u].long(), theta[a:b][u], gm[u], None if gv is None else gv[u], lam[u])
+                if width:
+                    assert nearby is not None  # a width only where the table has lumpable bins
+                    m[u], s_u = _nearby_grads(g_theta, block, ctx.table, width, nearby, spec)
+                else:
+                    m[u], s_u = _full_grads(param_grads, g_theta, block, leaves, spec)
                 if s is not None:
                     s[u] = s_u
             dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
             g_gate[a:b] = dlam * lam * (1 - lam_raw) / spec.gate_temperature  # λ̃(1 − λ̃)/τ', 0 where masked
             if g_comp is not None:
                 g_gate[a:b] += g_kl
+        if nearby is not None:
+            nearby.into(param_grads)
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
         return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
 
@@ -197,46 +217,22 @@ def _flat_index(window_ids: torch.Tensor, levels: torch.Tensor, num_windows: int
 
 @dataclass(frozen=True)
 class _Uncovered:
-    """A chunk of weights the certificate did not cover: local indices ``u`` of the chunk starting at ``a``."""
+    """Weights of a chunk the certificate did not cover: local indices ``u`` of the chunk starting at ``a``,
+    their int64 windows, θ, ∂L/∂θ^avg, ∂L/∂Var (None: Var unused) and masked λ̃."""
 
     a: int
     u: torch.Tensor
-    wid: torch.Tensor  # int64 window of each
-    nearby: torch.Tensor | None  # (n, width) flat indices of the components each is evaluated on; None: all K
+    wid: torch.Tensor
+    theta: torch.Tensor
+    grad_mean: torch.Tensor
+    grad_var: torch.Tensor | None
+    lam: torch.Tensor
 
 
-def _uncovered_moments(th, wid, nearby, means, log_stds, log_mix, spec, second):
-    """(m, s or None, k* uint8) of uncovered weights, on all K components (``nearby`` None) or on the
-    (n, width) components ``nearby`` (onehot.bin_components)."""
-    if nearby is None:
-        m, s, log_phi = _full_moments(th, wid, means, log_stds, log_mix, spec, second)
-        return m, s, log_phi.argmax(-1).to(torch.uint8)
-    return _nearby_moments(th, wid, nearby, means, log_stds, log_mix, spec, second)
-
-
-def _nearby_moments(th, wid, nearby, means, log_stds, log_mix, spec, second):
-    """The paper's φ (eq. compute-phi-k) of weights whose components outside ``nearby`` all have
-    e^{π N} = 1 in the working precision (:func:`~sqs_core.onehot.lump_log_density`): those
-    L = K − width components share one φ_l, as they do in the full evaluation, so
-    m = Σ_c φ_c μ_c + φ_l (Σ_k μ_k − Σ_c μ_c), and likewise s with μ² + σ²."""
-    k = means.shape[1]
-    lumped = math.log(k - nearby.shape[1])
-    mu, log_std = gather(means.reshape(-1), nearby), gather(log_stds.reshape(-1), nearby)
-    q = component_log_density(th, mu, log_std, gather(log_mix.reshape(-1), nearby))  # (n, width)
-    a = torch.exp(q.clamp(max=PAPER_CLAMP))  # π N, clamped as in the full first stage
-    log_z = torch.logsumexp(torch.cat([a, a.new_full((a.shape[0], 1), lumped)], dim=1), dim=1, keepdim=True)
-    stage2 = torch.cat([torch.exp(a - log_z), torch.exp(-log_z)], dim=1) / spec.temperature  # φ'/τ
-    log_s = torch.logsumexp(torch.cat([stage2[:, :-1], stage2[:, -1:] + lumped], dim=1), dim=1, keepdim=True)
-    phi = torch.exp(stage2 - log_s)  # (n, width + 1): the nearby φ_c, then each lumped component's φ_l
-    phi_c, phi_l = phi[:, :-1], phi[:, -1]
-    m = (phi_c * mu).sum(-1) + phi_l * (gather(means.sum(-1), wid) - mu.sum(-1))
-    s = None
-    if second:
-        level_sq = mu * mu + torch.exp(2 * log_std)
-        all_sq = gather((means * means + torch.exp(2 * log_stds)).sum(-1), wid)
-        s = (phi_c * level_sq).sum(-1) + phi_l * (all_sq - level_sq.sum(-1))
-    best = nearby.gather(1, phi_c.detach().argmax(-1, keepdim=True)).squeeze(1)
-    return m, s, (best - wid * k).to(torch.uint8)
+def _full_levels(th, wid, means, log_stds, log_mix, spec, second):
+    """(m, s or None, k* uint8) of uncovered weights on all K components."""
+    m, s, log_phi = _full_moments(th, wid, means, log_stds, log_mix, spec, second)
+    return m, s, log_phi.argmax(-1).to(torch.uint8)
 
 
 def gather(source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -284,18 +280,28 @@ def _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds):
     return [*sums, (g_means, flat, dm.double())]
 
 
-def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, theta, spec, gm, gv, lam):
-    """Recompute the uncovered weights of ``block`` with a graph and accumulate their gradients; returns
-    their (m, s) values."""
-    second, (means, log_stds, _) = gv is not None, leaves
+def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, spec):
+    """Recompute the uncovered weights of ``block`` on all K with a graph and accumulate their gradients;
+    returns their (m, s) values."""
+    second, (means, log_stds, _) = block.grad_var is not None, leaves
 
     def evaluate(th_leaf, log_mix):
-        return _uncovered_moments(th_leaf, block.wid, block.nearby, means, log_stds, log_mix, spec, second)
+        return _full_levels(th_leaf, block.wid, means, log_stds, log_mix, spec, second)
 
-    gv_u = gv[block.u] if second else None
-    return recomputed_grads(
-        param_grads, g_theta, (block.a, block.u), leaves, theta[block.a :][block.u], evaluate, gm, gv_u, lam
-    )
+    where, gm, gv = (block.a, block.u), block.grad_mean, block.grad_var
+    return recomputed_grads(param_grads, g_theta, where, leaves, block.theta, evaluate, gm, gv, block.lam)
+
+
+def _nearby_grads(g_theta, block: _Uncovered, bin_table, width, nearby: TableGradients, spec):
+    """The uncovered weights of ``block`` on their bins' ``width`` nearby components (sqs_core._nearby), their
+    gradients by hand: summed into ``nearby``, ∂/∂θ into ``g_theta`` (or None). Returns their (m, s) values."""
+    flat = bin_components(bin_table, block.theta, width)
+    args = (block.theta, block.wid, flat, nearby.tables, spec.temperature, block.grad_mean, block.grad_var, block.lam)
+    m, s, g_th, column_grads, total_grads = nearby_vjp(*args)
+    nearby.add(flat, block.wid, column_grads, total_grads)
+    if g_theta is not None:
+        g_theta[block.a :][block.u] = g_th.to(g_theta.dtype)
+    return m, s
 
 
 def recomputed_grads(param_grads, g_theta, where, leaves, th, evaluate, gm, gv, lam):

@@ -282,10 +282,11 @@ def flat_indices(
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def bin_components(table: BinTable, theta: torch.Tensor, width: int) -> torch.Tensor | None:
-    """(n, width) flat indices of the ``width`` largest-bound components of the bins of weights ``theta``
-    (width 0: None, all K)."""
-    return table.nearby[:, :width].index_select(0, bin_index(theta, table)) if width else None
+def bin_components(table: BinTable, theta: torch.Tensor, width: int) -> torch.Tensor:
+    """(width, n) int64 flat indices of the ``width`` largest-bound components of the bins of weights ``theta``
+    (``width`` > 0): a column per component, as sqs_core._nearby evaluates them."""
+    rows = table.nearby[:, :width].index_select(0, bin_index(theta, table))
+    return rows.t().to(torch.int64, memory_format=torch.contiguous_format)
 
 
 def owns_bin(table: BinTable, bins: torch.Tensor, window_ids: torch.Tensor) -> torch.Tensor | bool:

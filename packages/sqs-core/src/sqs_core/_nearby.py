@@ -1,0 +1,199 @@
+"""Uncovered weights on their bin's nearby components, eagerly: the forward and a hand-derived backward.
+
+Under the paper's formula (eq. compute-phi-k) a weight the one-hot certificate does not cover is evaluated
+on its bin's ``width`` nearby components c plus one lumped term for the L = K − width others, whose
+e^{π N} rounds to exactly 1 (:func:`sqs_core.onehot.lump_log_density`):
+
+    q_c = log π_c − log σ_c − ½ log 2π − ½ z_c²,  z_c = (θ − μ_c)/σ_c,   a_c = e^{min(q_c, 80)} = π_c N_c
+    φ'_c = e^{a_c} / (Σ_c e^{a_c} + L),  φ'_l = 1 / (Σ_c e^{a_c} + L)                    (first softmax)
+    x = φ'/τ,  φ_c = e^{x_c} / (Σ_c e^{x_c} + L e^{x_l}),  φ_l likewise                  (second softmax)
+    m = Σ_c φ_c μ_c + φ_l (Σ_k μ_k − Σ_c μ_c),  s = the same with μ² + σ²
+
+Its gradient, for cotangents G_m, G_s of m and s (per weight):
+
+    ∂/∂x_c = φ_c (G_m (μ_c − m) + G_s (v_c − s)),  ∂/∂x_l = φ_l (G_m (R_μ − L m) + G_s (R_v − L s))
+    ∂/∂a_c = x_c (∂/∂x_c − τ D),  D = Σ_c x_c ∂/∂x_c + x_l ∂/∂x_l                          (softmax vjp)
+    ∂/∂q_c = a_c ∂/∂a_c (0 where q_c > 80),  and z, μ, σ, θ from there by the chain rule,
+
+with v = μ² + σ², R = the window's total minus the nearby sum. Everything is on (width, n) columns, so the
+sums over c reduce along the first dimension, vectorised over the weights. Against autograd through the
+same formula this takes 2.6× less time on the uncovered weights of a trained 4096² layer (2.2 against
+0.8 s for 2.7M weights of width 4) and, in float32, rounds less: its gradients were 0.1% from a float64
+evaluation where autograd's log-sum-exp chain was 4.5%. ``tests/core/test_onehot.py`` checks values and
+gradients against autograd on the full K-component formula at every width.
+
+The per-component tables are those of the compiled path (sqs_core._fused_uncovered): μ, 1/σ and
+log π − log σ − ½ log 2π, plus each window's Σ μ and Σ (μ² + σ²); :class:`TableGradients` sums column
+gradients into them and takes them to (μ, log σ, mixing logits) once, by hand, in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._index_add import index_add_all
+from .mixture import HALF_LOG_2PI, PAPER_CLAMP
+
+__all__ = ["NearbyTables", "TableGradients", "level_sq_totals", "nearby_moments", "nearby_tables", "nearby_vjp"]
+
+
+def nearby_tables(means, log_stds, log_mix):
+    """μ, 1/σ and log π − log σ − ½ log 2π per component, (W, K) each: what a nearby evaluation gathers."""
+    return means, torch.exp(-log_stds), log_mix - log_stds - HALF_LOG_2PI
+
+
+def level_sq_totals(means, log_stds):
+    """Σ_k (μ_k² + σ_k²) per window, (W,)."""
+    return (means * means + torch.exp(2 * log_stds)).sum(-1)
+
+
+@dataclass(frozen=True)
+class NearbyTables:
+    """The flat (W·K,) :func:`nearby_tables`, the (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) (None: no s), and K."""
+
+    columns: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    total_mu: torch.Tensor
+    total_sq: torch.Tensor | None
+    k: int
+
+    @classmethod
+    def build(cls, means, log_stds, log_mix, second: bool) -> NearbyTables:
+        means, log_stds, log_mix = means.detach(), log_stds.detach(), log_mix.detach()
+        mu, inv_std, const = (t.reshape(-1) for t in nearby_tables(means, log_stds, log_mix))
+        total_sq = level_sq_totals(means, log_stds) if second else None
+        return cls((mu, inv_std, const), means.sum(-1), total_sq, means.shape[1])
+
+
+@dataclass
+class _State:
+    """A forward's intermediates, (width, n) columns and (n,) rows, for :func:`nearby_vjp`."""
+
+    mu: torch.Tensor
+    inv_std: torch.Tensor
+    offset: torch.Tensor  # θ − μ_c
+    z: torch.Tensor
+    a: torch.Tensor  # π N (clamped)
+    saturated: torch.Tensor | None  # q_c > 80 (None: nowhere)
+    x: torch.Tensor  # φ'/τ
+    x_l: torch.Tensor
+    phi: torch.Tensor
+    phi_l: torch.Tensor
+    m: torch.Tensor
+    rest_mu: torch.Tensor  # Σ_k μ_k − Σ_c μ_c of each weight's window
+    second: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # s, μ_c² + σ_c², the rest's Σ: with s
+
+
+def _evaluate(th, wid, flat, tables: NearbyTables, temperature: float) -> _State:
+    """The forward of the module docstring for weights ``th`` (n,) of windows ``wid`` (int64) on the (width, n)
+    flat component indices ``flat``."""
+    lumped = float(tables.k - flat.shape[0])
+    mu, inv_std, const = (t.index_select(0, flat.reshape(-1)).view(flat.shape) for t in tables.columns)
+    offset = th - mu
+    z = offset * inv_std
+    q = torch.addcmul(const, z, z, value=-0.5)
+    saturated = (q > PAPER_CLAMP) if bool(q.max() > PAPER_CLAMP) else None
+    a = q.clamp_(max=PAPER_CLAMP).exp_()
+    top = a.amax(0).clamp_(min=0.0)  # the lumped components' π N is 0
+    e, e_l = (a - top).exp_(), torch.exp(-top)
+    scale = e.sum(0).add_(e_l, alpha=lumped).mul_(temperature).reciprocal_()
+    x, x_l = e.mul_(scale), e_l.mul_(scale)
+    top2 = torch.maximum(x.amax(0), x_l)
+    phi, phi_l = (x - top2).exp_(), (x_l - top2).exp_()
+    norm = phi.sum(0).add_(phi_l, alpha=lumped).reciprocal_()
+    phi, phi_l = phi.mul_(norm), phi_l.mul_(norm)
+    rest_mu = tables.total_mu.index_select(0, wid) - mu.sum(0)
+    m = torch.linalg.vecdot(phi, mu, dim=0).addcmul_(phi_l, rest_mu)
+    state = _State(mu, inv_std, offset, z, a, saturated, x, x_l, phi, phi_l, m, rest_mu)
+    if tables.total_sq is not None:
+        level_sq = torch.addcmul(inv_std.reciprocal().square_(), mu, mu)
+        rest_sq = tables.total_sq.index_select(0, wid) - level_sq.sum(0)
+        state.second = (torch.linalg.vecdot(phi, level_sq, dim=0).addcmul_(phi_l, rest_sq), level_sq, rest_sq)
+    return state
+
+
+@torch.no_grad()
+def nearby_moments(th, wid, flat, tables: NearbyTables, temperature: float):
+    """(m, s or None, k* uint8 within the window) of weights ``th`` (windows ``wid``, int64) on the (width, n)
+    flat component indices ``flat`` (int64); k* = argmax_c φ_c, the first of ties as torch.argmax."""
+    state = _evaluate(th, wid, flat, tables, temperature)
+    position = state.phi.max(0, keepdim=True).indices  # 12× faster here than argmax(0), the same ties
+    best = flat.gather(0, position).squeeze(0)
+    return state.m, (None if state.second is None else state.second[0]), (best - wid * tables.k).to(torch.uint8)
+
+
+@torch.no_grad()
+def nearby_vjp(th, wid, flat, tables: NearbyTables, temperature: float, grad_mean, grad_var, lam):
+    """Recompute weights as :func:`nearby_moments` and pull back ∂L/∂θ^avg = ``grad_mean`` and ∂L/∂Var =
+    ``grad_var`` (None: Var unused) through θ^avg = λ̃ m and Var = λ̃ s − (λ̃ m)² + ... (λ̃ = ``lam``), all (n,):
+    the cotangents G_m = ∂L/∂θ^avg λ̃ − 2 ∂L/∂Var λ̃² m and G_s = ∂L/∂Var λ̃ of the module docstring. Returns
+    (m, s or None, ∂/∂θ (n,), [∂/∂μ_c, ∂/∂(1/σ_c), ∂/∂const_c] (width, n) each, [∂/∂Σμ, and with Var
+    ∂/∂Σ(μ²+σ²)] (n,) each)."""
+    st = _evaluate(th, wid, flat, tables, temperature)
+    lumped = float(tables.k - flat.shape[0])
+    grad_m, grad_s = grad_mean * lam, (None if grad_var is None else grad_var * lam)
+    if grad_s is not None:
+        grad_m.sub_(2 * grad_s * lam * st.m)
+    g_x = (st.mu - st.m).mul_(grad_m)
+    g_x_l = (st.rest_mu - lumped * st.m).mul_(grad_m)
+    if grad_s is not None and st.second is not None:
+        s, level_sq, rest_sq = st.second
+        g_x.add_((level_sq - s).mul_(grad_s))
+        g_x_l.add_((rest_sq - lumped * s).mul_(grad_s))
+    g_x.mul_(st.phi)
+    g_x_l.mul_(st.phi_l)
+    total = torch.linalg.vecdot(st.x, g_x, dim=0).addcmul_(st.x_l, g_x_l).mul_(temperature)  # τ D
+    g_q = g_x.sub_(total).mul_(st.x).mul_(st.a)  # ∂/∂q_c
+    if st.saturated is not None:
+        g_q.masked_fill_(st.saturated, 0.0)
+    g_qz = g_q * st.z  # −∂/∂z_c
+    g_offset = g_qz * st.inv_std  # −∂/∂(θ − μ_c)
+    g_th = g_offset.sum(0).neg_()
+    spread = st.phi - st.phi_l  # ∂m/∂μ_c, directly
+    g_mu = g_offset.addcmul_(spread, grad_m)
+    g_inv = g_qz.mul_(st.offset).neg_()
+    totals = [grad_m * st.phi_l]
+    if grad_s is not None:
+        g_mu.addcmul_(spread, 2 * st.mu * grad_s)
+        g_inv.addcmul_(spread, st.inv_std.pow(-3).mul_(-2 * grad_s))  # ∂σ²/∂(1/σ) = −2σ³
+        totals.append(grad_s * st.phi_l)
+    return st.m, (None if st.second is None else st.second[0]), g_th, [g_mu, g_inv, g_q], totals
+
+
+class TableGradients:
+    """Column gradients of :func:`nearby_vjp` summed into the (W, K) tables and the (W,) totals (float64,
+    deterministic ``index_add_``), then taken to ∂/∂(μ, log σ, mixing logits) once: :meth:`into`. ``leaves``:
+    the (W, K) means, log σ and mixing logits; ``tables``: the :class:`NearbyTables` made from them."""
+
+    def __init__(self, leaves, second: bool) -> None:
+        self.leaves, self.second, self.used = leaves, second, False
+        means, log_stds, mixing_logits = (t.detach() for t in leaves)
+        log_mix = torch.log_softmax(mixing_logits, dim=-1)
+        self.tables = NearbyTables.build(means, log_stds, log_mix, second)
+        self.columns = [torch.zeros(means.numel(), dtype=torch.float64, device=means.device) for _ in range(3)]
+        self.totals = [torch.zeros(means.shape[0], dtype=torch.float64, device=means.device) for _ in range(1 + second)]
+
+    def add(self, flat, wid, column_grads, total_grads) -> None:
+        """Sum (width, n) ``column_grads`` at the flat component indices ``flat`` and (n,) ``total_grads`` at the
+        windows ``wid`` (both int64)."""
+        flat, self.used = flat.reshape(-1), True
+        jobs = [(acc, flat, g.reshape(-1).double()) for acc, g in zip(self.columns, column_grads, strict=True)]
+        index_add_all(jobs + [(acc, wid, g.double()) for acc, g in zip(self.totals, total_grads, strict=True)])
+
+    def into(self, param_grads) -> None:
+        """Add ∂/∂(μ, log σ, mixing logits) to the float64 flat ``param_grads``, in float64: the tables are
+        μ, e^{−log σ}, log softmax(mixing logits) − log σ − ½ log 2π, Σ_k μ_k and Σ_k (μ_k² + e^{2 log σ_k})."""
+        if not self.used:
+            return
+        means, log_stds, mixing_logits = (t.detach().double() for t in self.leaves)
+        g_mu, g_inv, g_const = (c.view(means.shape) for c in self.columns)
+        g_means = g_mu + self.totals[0][:, None]
+        g_log_stds = -(g_inv * torch.exp(-log_stds)) - g_const
+        if self.second:
+            g_sq = self.totals[1][:, None]
+            g_means += 2 * means * g_sq
+            g_log_stds += 2 * torch.exp(2 * log_stds) * g_sq
+        g_logits = g_const - torch.softmax(mixing_logits, dim=-1) * g_const.sum(-1, keepdim=True)
+        for acc, g in zip(param_grads, (g_means, g_log_stds, g_logits), strict=True):
+            acc += g.reshape(-1)
