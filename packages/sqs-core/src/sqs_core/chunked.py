@@ -366,7 +366,8 @@ def _kl_terms_sum(scaled, lam, mask, ck, prior_keep):
     forced to zero has λ̃ = 0 and the constant −log(1 − λ))."""
     total = (lam * ck).sum(dtype=torch.float64)
     if prior_keep is not None:
-        total += torch.where(mask, bernoulli_kl(scaled, prior_keep), -math.log1p(-prior_keep)).sum(dtype=torch.float64)
+        terms = bernoulli_kl(scaled, prior_keep, keep=lam)  # λ̃ = 0 where masked: replaced just below
+        total += torch.where(mask, terms, -math.log1p(-prior_keep)).sum(dtype=torch.float64)
     return total
 
 
