@@ -42,8 +42,9 @@ from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
 from ._fused_uncovered import _flat, bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
 from ._index_add import index_add_all
-from ._nearby import TableGradients
+from ._nearby import NearbyTables, TableGradients
 from .chunked import _chunk_ranges, _gate_probs, _variance, kl_accumulator, kl_grad
+from .mixture import bernoulli_kl_terms
 from .onehot import CERTIFIED, _bin_bounds, bin_of, bin_table, uncovered_blocks
 
 __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
@@ -161,16 +162,14 @@ def _gate_kl_sum(gate_logits, mask, window_ids, kstar, component_kl, tau, k, log
 
 def _kl_sum(gate_logits, mask, flat, component_kl, tau, log_keep, log_drop):
     """Σ_i λ̃_i KL_{flat_i} + Σ_i KL(Bern(λ̃_i)‖Bern(λ)) in float64 (``log_keep`` None: no Bernoulli term);
-    KL(Bern) as mixture.bernoulli_kl with log λ, log(1 − λ) given; a masked gate's term is −log(1 − λ)."""
+    KL(Bern) by mixture.bernoulli_kl_terms with log λ, log(1 − λ) given; a masked gate's term is −log(1 − λ)."""
     scaled = gate_logits / tau
-    e = torch.exp(-scaled.abs())  # softplus(±ℓ) = relu(±ℓ) + log1p(e^{-|ℓ|}), sigmoid(ℓ) from the same e
+    e = torch.exp(-scaled.abs())  # sigmoid(ℓ) and the Bernoulli entropy from the same e^{-|ℓ|}
     q = torch.where(scaled >= 0, 1.0, e) / (1 + e)
     total = (torch.where(mask, q, 0.0) * component_kl[flat]).sum(dtype=torch.float64)
     if log_keep is None:
         return total
-    soft = torch.log1p(e)
-    log_q, log_not_q = -(torch.relu(-scaled) + soft), -(torch.relu(scaled) + soft)
-    bern = q * (log_q - log_keep) + (1 - q) * (log_not_q - log_drop)
+    bern = bernoulli_kl_terms(scaled, q, log_keep - log_drop, log_drop, tail=e)
     return total + torch.where(mask, bern, -log_drop).sum(dtype=torch.float64)
 
 
@@ -281,10 +280,12 @@ class FusedPosteriorMoments(torch.autograd.Function):
         inputs = (theta, gate_logits, means, log_stds, mask, window_ids, kstar)
         kl_table = None if component_kl is None else component_kl.detach().reshape(-1)
         scalars, saved_blocks = bin_scalars(table, theta.dtype), []
+        tables = NearbyTables.build(means, log_stds, log_mix, second) if table.any_lumpable else None
         for u, width in blocks:
             if width:
+                assert tables is not None  # a width only where the table has lumpable bins
                 lookup = (table.nearby[:, :width], *scalars)  # the block's (B, width) components, bin_of's floats
-                results = nearby_block(u, inputs, lookup, log_mix, spec, second, kl_table)
+                results = nearby_block(u, inputs, lookup, tables, spec, kl_table)
             else:
                 results = full_block(u, inputs, log_mix, spec, second, kl_table)
             mean_u, var_u, levels, correction, bins = results

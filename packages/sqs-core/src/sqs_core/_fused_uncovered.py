@@ -191,12 +191,12 @@ def _full_eval(th, wid, means, log_stds, log_mix, spec, second):
     return m, s, best.to(torch.uint8)
 
 
-def nearby_block(u, inputs, lookup, log_mix, spec, second, kl_table):
+def nearby_block(u, inputs, lookup, nearby: NearbyTables, spec, kl_table):
     """:func:`_nearby_forward` for one block whose bins take the (B, width) components ``lookup[0]``
-    (``lookup``: that table and :func:`bin_scalars`): (θ^avg, Var or None, k*, KL correction or None, bins)."""
-    theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
-    k = means.shape[1]
-    nearby = NearbyTables.build(means, log_stds, log_mix, second)
+    (``lookup``: that table and :func:`bin_scalars`), gathering from the forward's ``nearby`` tables:
+    (θ^avg, Var or None, k*, KL correction or None, bins)."""
+    theta, gate_logits, _, _, mask, window_ids, kstar = inputs
+    k = nearby.k
     tables, totals = list(nearby.columns), (nearby.total_mu, nearby.total_sq)
     lumped = float(k - lookup[0].shape[1])
     scalars = (

@@ -23,6 +23,7 @@ __all__ = [
     "HALF_LOG_2PI",
     "PAPER_CLAMP",
     "bernoulli_kl",
+    "bernoulli_kl_terms",
     "component_log_density",
     "gaussian_kl",
     "log_responsibilities",
@@ -63,13 +64,20 @@ def gaussian_kl(means: torch.Tensor, log_stds: torch.Tensor, prior_std: float) -
 
 def bernoulli_kl(gate_logits_scaled: torch.Tensor, prior_keep: float, keep: torch.Tensor | None = None) -> torch.Tensor:
     """KL(Bern(λ̃) ‖ Bern(λ)) from ℓ = s̃/τ' (λ̃ = sigmoid(ℓ), or ``keep`` when the caller has it), stable for
-    any ℓ, elementwise: −H(λ̃) − λ̃ logit λ − log(1 − λ), with the entropy written without cancellation,
-    H(λ̃) = log1p(e^{−|ℓ|}) + |ℓ| e^{−|ℓ|}/(1 + e^{−|ℓ|}) (one exp and one log1p: softplus twice took 4×
-    as long on the CPU)."""
+    any ℓ, elementwise: :func:`bernoulli_kl_terms`."""
     if keep is None:
         keep = torch.sigmoid(gate_logits_scaled)
-    magnitude = gate_logits_scaled.abs()
-    tail = torch.exp(-magnitude)
-    entropy = torch.log1p(tail) + magnitude * (tail / (1 + tail))
     prior_logit = math.log(prior_keep) - math.log1p(-prior_keep)
-    return -(entropy + keep * prior_logit) - math.log1p(-prior_keep)
+    return bernoulli_kl_terms(gate_logits_scaled, keep, prior_logit, math.log1p(-prior_keep))
+
+
+def bernoulli_kl_terms(scaled, keep, prior_logit, log_drop, tail=None):
+    """KL(Bern(λ̃) ‖ Bern(λ)) = −H(λ̃) − λ̃ logit λ − log(1 − λ) from ℓ = ``scaled``, λ̃ = ``keep``, logit λ =
+    ``prior_logit`` and log(1 − λ) = ``log_drop`` (floats, or 0-d tensors in compiled kernels so that λ is
+    not baked into a graph), with the entropy written without cancellation, H(λ̃) = log1p(e^{−|ℓ|}) +
+    |ℓ| e^{−|ℓ|}/(1 + e^{−|ℓ|}): one exp (``tail`` = e^{−|ℓ|} when the caller has it) and one log1p; softplus
+    twice took 4× as long on the CPU."""
+    magnitude = scaled.abs()
+    tail = torch.exp(-magnitude) if tail is None else tail
+    entropy = torch.log1p(tail) + magnitude * (tail / (1 + tail))
+    return -(entropy + keep * prior_logit) - log_drop
