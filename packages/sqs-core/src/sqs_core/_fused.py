@@ -40,10 +40,10 @@ import torch.nn.functional as F
 from . import chunked
 from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
-from ._fused_uncovered import _flat, bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
+from ._fused_uncovered import bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients
-from .chunked import _chunk_ranges, _gate_probs, _variance, kl_accumulator, kl_grad
+from .chunked import _chunk_ranges, _flat_index, _gate_probs, _variance, kl_accumulator, kl_grad
 from .mixture import bernoulli_kl_terms
 from .onehot import CERTIFIED, _bin_bounds, bin_of, bin_table, uncovered_blocks
 
@@ -74,7 +74,7 @@ def _moments_first(theta, gate_logits, mask, window_ids, table, tau, k, kl_table
     kl = (
         None
         if kl_table is None
-        else _kl_sum(gate_logits, mask, _flat(window_ids, kstar, k), kl_table, tau, log_keep, log_drop)
+        else _kl_sum(gate_logits, mask, _flat_index(window_ids, kstar, k), kl_table, tau, log_keep, log_drop)
     )
     return _gate_probs(gate_logits, mask, tau)[2] * mean, kstar, classes, kl
 
@@ -97,7 +97,7 @@ def _moments_second(
     (flat ``log_stds``), as :func:`_moments_first`."""
     kstar, m, classes = _certify(theta, window_ids, table)
     lam = _gate_probs(gate_logits, mask, tau)[2]
-    flat = _flat(window_ids, kstar, k)
+    flat = _flat_index(window_ids, kstar, k)
     s = m * m + torch.exp(2 * log_stds[flat])
     kl = None if kl_table is None else _kl_sum(gate_logits, mask, flat, kl_table, tau, log_keep, log_drop)
     return lam * m, _variance(lam, m, s, spike_var), kstar, classes, kl
@@ -130,7 +130,7 @@ def _one_hot_backward(
     ``grad_var`` None: the plug-in (no Var). ``kl_table`` (flat component KLs): the gate KL's gradients with
     incoming ``grad_kl`` are included, as _gate_kl_backward's; ``prior_logit`` None: no Bernoulli term."""
     scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
-    flat = _flat(window_ids, kstar, k, torch.int64)
+    flat = _flat_index(window_ids, kstar, k, torch.int64)
     m = means[flat]
     on = torch.where(certified, lam, 0.0)
     dm = grad_mean * on
@@ -157,7 +157,7 @@ def _one_hot_backward(
 
 def _gate_kl_sum(gate_logits, mask, window_ids, kstar, component_kl, tau, k, log_keep, log_drop):
     """:func:`_kl_sum` at the components w·K + k*."""
-    return _kl_sum(gate_logits, mask, _flat(window_ids, kstar, k), component_kl, tau, log_keep, log_drop)
+    return _kl_sum(gate_logits, mask, _flat_index(window_ids, kstar, k), component_kl, tau, log_keep, log_drop)
 
 
 def _kl_sum(gate_logits, mask, flat, component_kl, tau, log_keep, log_drop):
@@ -177,7 +177,7 @@ def _gate_kl_backward(gate_logits, mask, window_ids, kstar, component_kl, tau, k
     """(flat index, λ̃ as float64, ∂KL/∂s̃) of one chunk, as _gate_kl._gate_kl_chunk_grads (``prior_logit``
     None: no Bernoulli term)."""
     scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
-    flat = _flat(window_ids, kstar, k, torch.int64)
+    flat = _flat_index(window_ids, kstar, k, torch.int64)
     return flat, lam.double(), _dkl_dlam(scaled, component_kl[flat], prior_logit) * lam * (1 - lam_raw) * (grad / tau)
 
 

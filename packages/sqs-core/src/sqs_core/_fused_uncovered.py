@@ -16,20 +16,11 @@ import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
 from ._nearby import NearbyTables
-from .chunked import _gate_probs, _variance, recomputed_grads
+from .chunked import _flat_index, _gate_probs, _variance, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
 from .onehot import bin_of
 
 __all__ = ["KERNELS", "bin_scalars", "block_gradients", "full_block", "nearby_block", "unpack_blocks"]
-
-
-def _flat(window_ids, kstar, k, dtype=torch.int32):
-    """w·K + k*: the index of each weight's component in the flattened (W, K) parameters (int32 suffices to
-    gather inside a kernel; the backward kernels hand it on as int64, what index_add_all's scatter_add_ takes).
-    Computed in int32 and converted: AVX2 has no int64 multiply (inductor emulates it lane by lane), and the
-    int64 arithmetic took the one-hot backward kernel from 3.1-3.8 to 6.7-7.0 ms a chunk."""
-    flat = window_ids.int() * k + kstar.int()
-    return flat if dtype == torch.int32 else flat.to(dtype)
 
 
 def _log_density_columns(th, mu, log_std, log_mix):
@@ -115,7 +106,7 @@ def _nearby_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tabl
     (μ, 1/σ, log π − log σ − ½ log 2π) and :func:`_nearby_rows`, in one kernel (the forward needs no graph).
     ``totals``: (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: L, τ, τ', K, σ_0²."""
     lumped, temperature, tau, k, spike_var = scalars
-    th, wid = theta[u], window_ids[u].int()  # int32 index arithmetic (_flat)
+    th, wid = theta[u], window_ids[u].int()  # int32 index arithmetic (chunked._flat_index)
     table, low, inv_width = lookup
     bins = bin_of(th, low, inv_width, table.shape[0])
     flat = [table[:, c][bins] for c in range(table.shape[1])]
@@ -127,7 +118,7 @@ def _nearby_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tabl
         best = torch.where(pos == c, flat[c], best)
     lam = _gate_probs(gate_logits[u], mask[u], tau)[2]
     var = None if s is None else _variance(lam, m, s, spike_var)
-    correction = None if kl_table is None else _kl_correction(kl_table, best, _flat(wid, kstar[u], k), lam)
+    correction = None if kl_table is None else _kl_correction(kl_table, best, _flat_index(wid, kstar[u], k), lam)
     return lam * m, var, (best - wid * k).to(torch.uint8), correction, bins
 
 
@@ -220,7 +211,9 @@ def full_block(u, inputs, log_mix, spec, second, kl_table):
     var = None if s is None else _variance(lam, m, s, spec.spike_variance)
     k = means.shape[1]
     correction = (
-        None if kl_table is None else _kl_correction(kl_table, _flat(wid, levels, k), _flat(wid, kstar[u], k), lam)
+        None
+        if kl_table is None
+        else _kl_correction(kl_table, _flat_index(wid, levels, k), _flat_index(wid, kstar[u], k), lam)
     )
     return lam * m, var, levels, correction, None
 

@@ -65,17 +65,15 @@ def _gate_kl_total(gate_logits, component_kl, mask, window_ids, kstar, gate_temp
 
 def _gate_kl_chunk_sum(gate_logits, component_kl, mask, window_ids, kstar, tau, prior_keep):
     """One chunk's Σ_i λ̃_i KL_{w_i,k*_i} + Σ_i KL(Bern(λ̃_i)‖Bern(λ)) in float64: :func:`_kl_terms_sum`."""
-    w_count, k = component_kl.shape
     scaled, _, lam = _gate_probs(gate_logits, mask, tau)
-    ck = component_kl.reshape(-1).index_select(0, _flat_index(window_ids, kstar, w_count, k))
+    ck = component_kl.reshape(-1).index_select(0, _flat_index(window_ids, kstar, component_kl.shape[1]))
     return _kl_terms_sum(scaled, lam, mask, ck, prior_keep)
 
 
 def _gate_kl_chunk_grads(gate_logits, component_kl, mask, window_ids, kstar, tau, prior_keep, grad):
     """One chunk's (flat index w·K + k*, λ̃ as float64, ∂KL/∂s̃): :func:`_kl_gate_grads`."""
-    w_count, k = component_kl.shape
     scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
-    index = _flat_index(window_ids, kstar, w_count, k)
+    index = _flat_index(window_ids, kstar, component_kl.shape[1], torch.int64)
     ck = component_kl.reshape(-1).index_select(0, index)
     return index, lam.double(), _kl_gate_grads(scaled, lam_raw, lam, ck, tau, prior_keep, grad)
 

@@ -130,7 +130,7 @@ def bin_table(
     mean_radius = torch.stack([means[row, j], radius], dim=1)
     owner_u8, best_u8 = owner.to(torch.uint8), j.to(torch.uint8)
     near_width = _near_widths(top.values, owner, kind, k, means.dtype)
-    nearby = (top.indices[:, :NEARBY].clamp(max=k - 1) + row[:, None] * k).int()  # int32: see _fused_uncovered._flat
+    nearby = (top.indices[:, :NEARBY].clamp(max=k - 1) + row[:, None] * k).int()  # int32: see chunked._flat_index
     several, any_lumpable = num_windows > 1, bool(near_width.any())
     codes = best_u8.int() | (near_width.int() << 8) | (owner_u8.int() << 16)
     return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, several, nearby, near_width, any_lumpable, codes)
