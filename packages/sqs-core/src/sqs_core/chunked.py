@@ -190,9 +190,8 @@ class _PosteriorMoments(torch.autograd.Function):
                 if s is not None:
                     s.index_copy_(0, u, s_u)
             dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
-            torch.div(
-                dlam.mul_(lam).mul_(1 - lam_raw), spec.gate_temperature, out=g_gate[a:b]
-            )  # λ̃(1 − λ̃)/τ', 0 if masked
+            dlam.mul_(lam).mul_(1 - lam_raw)  # times λ̃(1 − λ̃)/τ', 0 where masked
+            torch.div(dlam, spec.gate_temperature, out=g_gate[a:b])
             if g_comp is not None:
                 g_gate[a:b] += g_kl
         if nearby is not None:
