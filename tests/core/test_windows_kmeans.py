@@ -1,7 +1,7 @@
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from sqs_core.kmeans import EMPTY_MIX, kmeans_1d
+from sqs_core.kmeans import EMPTY_MIX, kmeans_1d, kmeans_1d_sorted, sorted_values
 from sqs_core.windows import OUTLIER_IQR_FACTOR, assign_windows
 from strategies import components, weight_vectors
 
@@ -41,6 +41,39 @@ def test_equal_windows_have_equal_width(values):
     order = torch.argsort(theta)
     assert torch.all(torch.diff(ids[order].long()) >= 0)
     assert int(ids.max()) + 1 == len(torch.unique(raw))
+
+
+@given(values=weight_vectors(min_size=1), kind=st.sampled_from(["none", "equal", "outlier"]))
+def test_windows_from_sorted_values_are_the_same(values, kind):
+    """prepare_ sorts θ once and reads the outlier quantiles off it: the same windows and edges as kthvalue."""
+    theta = torch.tensor(values, dtype=torch.float64)  # a float64 layer: windows are found in float32
+    ids, edges = assign_windows(theta, kind)
+    ids_sorted, edges_sorted = assign_windows(theta, kind, ordered=sorted_values(theta))
+    assert torch.equal(ids, ids_sorted) and torch.equal(edges, edges_sorted)
+
+
+special_floats = st.one_of(
+    st.floats(allow_nan=False, width=32),
+    st.sampled_from([0.0, -0.0, 1e-45, -1e-45, float("inf"), -float("inf")]),
+)
+
+
+@given(values=st.lists(special_floats, min_size=0, max_size=200), dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_sorted_values_sorts_as_torch_sort(values, dtype):
+    """The integer-key sort: signed zeros, subnormals, infinities, ties; float32 and float64."""
+    x = torch.tensor(values, dtype=dtype)
+    expected = torch.sort(x).values
+    got = sorted_values(x)
+    assert got.dtype == dtype and torch.equal(got, expected)  # -0.0 == 0.0 for torch.equal
+    assert torch.equal(torch.signbit(got[got == 0]).sort(descending=True).values, torch.signbit(got[got == 0]))
+
+
+@given(values=weight_vectors(min_size=1), k=components, seed=st.integers(0, 100))
+def test_kmeans_on_sorted_values_is_kmeans(values, k, seed):
+    flat = torch.tensor(values, dtype=torch.float64)
+    a = kmeans_1d(flat, k, generator=torch.Generator().manual_seed(seed))
+    b = kmeans_1d_sorted(torch.sort(flat).values, k, generator=torch.Generator().manual_seed(seed))
+    assert all(torch.equal(x, y) for x, y in ((a.means, b.means), (a.stds, b.stds), (a.mixing, b.mixing)))
 
 
 def test_constant_tensor_is_one_window():
@@ -85,3 +118,7 @@ def test_kmeans_rejects_bad_input():
         kmeans_1d(torch.tensor([0.0, float("nan")]), 2)
     with pytest.raises(ValueError, match="k must be"):
         kmeans_1d(torch.tensor([0.0, 1.0]), 1)
+    with pytest.raises(ValueError, match="NaN"):
+        kmeans_1d_sorted(torch.tensor([0.0, float("inf")], dtype=torch.float64), 2)
+    with pytest.raises(ValueError, match="at least one"):
+        kmeans_1d_sorted(torch.zeros(0, dtype=torch.float64), 2)

@@ -3,9 +3,12 @@
 For the groups G_1..G_K found by K-means on a window's weights:
     μ_k = mean(G_k),  σ_k = sqrt(Σ (θ − μ_k)² / (|G_k| − 1)),  π_k = |G_k| / Σ_j |G_j|.
 
-In 1-D, K-means assignments are intervals between the midpoints of the sorted centres, so one Lloyd
-step is a ``bucketize`` plus segment sums (O(T log K)). Centres start at the (k + ½)/K quantiles, which
-makes the result deterministic; the generator only breaks ties when an empty cluster must be re-seeded.
+In 1-D, K-means assignments are intervals between the midpoints of the sorted centres. The values are
+sorted once (:func:`sorted_values`), so every group is a run of the sorted values: one Lloyd step finds
+the K − 1 run ends by binary search and the groups' sums as differences of one float64 prefix sum
+(O(K log T), not O(T log K)). Centres start at the (k + ½)/K quantiles, which makes the result
+deterministic; the generator only breaks ties when an empty cluster must be re-seeded. A 4096×4096
+layer's two 8.4M-weight windows took 9.4–9.9 s each with a ``bucketize`` and an ``index_add_`` per step.
 
 Degenerate windows, handled so that every component has finite parameters:
 * fewer than K distinct values: the distinct values become the first centres; the surplus components
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GMMInit", "kmeans_1d"]
+__all__ = ["GMMInit", "kmeans_1d", "kmeans_1d_sorted", "sorted_values"]
 
 EMPTY_MIX = 1e-6
 STD_FLOOR_FRACTION = 1e-3
@@ -35,23 +38,44 @@ class GMMInit:
     mixing: torch.Tensor
 
 
-def _assign(values: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
+def sorted_values(values: torch.Tensor) -> torch.Tensor:
+    """``values`` (1-D float32 or float64) sorted ascending, equal to ``torch.sort(values).values`` (a −0.0 before
+    every +0.0):
+    sorted as integer keys (the bits of a non-negative float order as an integer; a negative float's
+    magnitude bits are flipped), which torch sorts by radix, 1.7× faster than the float sort (16.8M float64:
+    1.4 against 2.4 s)."""
+    int_dtype = {torch.float32: torch.int32, torch.float64: torch.int64}.get(values.dtype)
+    if int_dtype is None:
+        return torch.sort(values).values
+    magnitude = torch.iinfo(int_dtype).max
+    bits = values.view(int_dtype)
+    keys = torch.where(bits < 0, bits ^ magnitude, bits).sort().values
+    return torch.where(keys < 0, keys ^ magnitude, keys).view(values.dtype)
+
+
+def _run_bounds(ordered: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
+    """(K + 1,) int64: group j (the values nearest centre j, a value on a midpoint going to the lower
+    centre, as ``bucketize``) is ``ordered[bounds[j]:bounds[j + 1]]``."""
     midpoints = (centres[1:] + centres[:-1]) / 2
-    return torch.bucketize(values, midpoints)
+    ends = torch.searchsorted(ordered, midpoints, right=True)
+    return torch.cat([ends.new_zeros(1), ends, ends.new_full((1,), ordered.numel())])
 
 
-def _lloyd(values: torch.Tensor, centres: torch.Tensor, iterations: int, generator: torch.Generator):
-    k = centres.numel()
+def _lloyd(ordered: torch.Tensor, centres: torch.Tensor, iterations: int, generator: torch.Generator):
+    # float64 prefix sums round far below the float32 precision of the results: K-means of 501 test inputs
+    # and prepare_ of 9 models (a 4096×4096 layer among them) gave the same float32 (μ, σ, π) as a
+    # bucketize and an index_add_ per step, bit for bit
+    prefix = torch.cat([ordered.new_zeros(1), torch.cumsum(ordered, 0)])
     for _ in range(iterations):
-        labels = _assign(values, centres)
-        counts = torch.bincount(labels, minlength=k).to(values.dtype)
-        sums = torch.zeros(k, dtype=values.dtype).index_add_(0, labels, values)
+        bounds = _run_bounds(ordered, centres)
+        counts = torch.diff(bounds).to(ordered.dtype)
+        sums = prefix[bounds[1:]] - prefix[bounds[:-1]]
         empty = counts == 0
         new = torch.where(empty, centres, sums / counts.clamp_min(1))
         if empty.any():
             # Re-seed each empty cluster with a random member of the most populated cluster.
             big = int(counts.argmax())
-            members = values[labels == big]
+            members = ordered[int(bounds[big]) : int(bounds[big + 1])]
             picks = torch.randint(members.numel(), (int(empty.sum()),), generator=generator)
             new[empty] = members[picks]
         new, _ = torch.sort(new)
@@ -63,38 +87,53 @@ def _lloyd(values: torch.Tensor, centres: torch.Tensor, iterations: int, generat
 
 def kmeans_1d(values: torch.Tensor, k: int, *, iterations: int = 30, generator: torch.Generator | None = None):
     """K-means of a 1-D tensor into ``k`` groups; returns a :class:`GMMInit` (float32, on CPU)."""
-    if k < 2:
-        raise ValueError(f"k must be >= 2, got {k}")
     flat = values.detach().reshape(-1).double().cpu()
-    if flat.numel() == 0:
-        raise ValueError("kmeans_1d needs at least one value")
-    if not torch.isfinite(flat).all():
-        raise ValueError("kmeans_1d got a NaN or infinite value")
+    _check(flat, k)
+    return _kmeans(sorted_values(flat), k, iterations, generator)
+
+
+def kmeans_1d_sorted(ordered: torch.Tensor, k: int, *, iterations: int = 30, generator: torch.Generator | None = None):
+    """:func:`kmeans_1d` of float64 CPU values already sorted ascending (as :func:`sorted_values` gives them),
+    for a caller that sorts once for several purposes; the order is trusted, not checked."""
+    _check(ordered, k)
+    return _kmeans(ordered, k, iterations, generator)
+
+
+def _kmeans(ordered: torch.Tensor, k: int, iterations: int, generator: torch.Generator | None) -> GMMInit:
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    distinct = torch.unique(flat)
+    distinct = torch.unique_consecutive(ordered)
     if distinct.numel() <= k:
         centres = distinct
     else:
-        sorted_vals, _ = torch.sort(flat)
-        positions = ((torch.arange(k, dtype=torch.double) + 0.5) / k * (flat.numel() - 1)).round().long()
-        centres = torch.unique(sorted_vals[positions])
+        positions = ((torch.arange(k, dtype=torch.double) + 0.5) / k * (ordered.numel() - 1)).round().long()
+        centres = torch.unique(ordered[positions])
         if centres.numel() < k:  # repeated quantiles: top up with evenly spaced distinct values
             extra = distinct[torch.linspace(0, distinct.numel() - 1, k).round().long()]
             centres = torch.unique(torch.cat([centres, extra]))[:k]
             centres, _ = torch.sort(centres)
-        centres = _lloyd(flat, centres, iterations, gen)
-    return _statistics(flat, centres, k)
+        centres = _lloyd(ordered, centres, iterations, gen)
+    return _statistics(ordered, centres, k)
 
 
-def _statistics(flat: torch.Tensor, centres: torch.Tensor, k: int) -> GMMInit:
+def _check(flat: torch.Tensor, k: int) -> None:
+    if k < 2:
+        raise ValueError(f"k must be >= 2, got {k}")
+    if flat.numel() == 0:
+        raise ValueError("kmeans_1d needs at least one value")
+    if not torch.isfinite(flat).all():
+        raise ValueError("kmeans_1d got a NaN or infinite value")
+
+
+def _statistics(ordered: torch.Tensor, centres: torch.Tensor, k: int) -> GMMInit:
     found = centres.numel()
-    labels = _assign(flat, centres)
-    counts = torch.bincount(labels, minlength=found).double()
-    means = torch.zeros(found, dtype=torch.double).index_add_(0, labels, flat) / counts
-    sq = torch.zeros(found, dtype=torch.double).index_add_(0, labels, (flat - means[labels]) ** 2)
+    counts_long = torch.diff(_run_bounds(ordered, centres))
+    labels = torch.repeat_interleave(torch.arange(found), counts_long)  # each sorted value's group
+    counts = counts_long.double()
+    means = torch.zeros(found, dtype=torch.double).index_add_(0, labels, ordered) / counts
+    sq = torch.zeros(found, dtype=torch.double).index_add_(0, labels, (ordered - means[labels]) ** 2)
     stds = torch.sqrt(sq / (counts - 1).clamp_min(1))
-    spread = float(flat.max() - flat.min())
-    floor = STD_FLOOR_FRACTION * (spread if spread > 0 else max(float(flat.abs().max()), 1.0))
+    spread = float(ordered[-1] - ordered[0])
+    floor = STD_FLOOR_FRACTION * (spread if spread > 0 else max(float(ordered.abs().max()), 1.0))
     stds = torch.where((counts > 1) & (stds > floor), stds, torch.full_like(stds, floor))
     mixing = counts / counts.sum()
     if found < k:

@@ -28,7 +28,7 @@ from .chunked import (
     uncertain_log_responsibilities,
 )
 from .config import SpikeSlabPrior, SQSConfig
-from .kmeans import kmeans_1d
+from .kmeans import GMMInit, kmeans_1d_sorted, sorted_values
 from .mixture import gaussian_kl
 from .onehot import window_value_ranges
 from .windows import assign_windows
@@ -73,13 +73,7 @@ class SpikeGMMPosterior(nn.Module):
         # the paper's exp(π N) need it); the layer casts θ^avg and fixed weights back (SQSLayer)
         weight_dtype = weight.dtype if weight.is_floating_point() else torch.float32
         theta = weight.detach().to(torch.promote_types(weight_dtype, torch.float32))
-        window_ids, edges = assign_windows(theta, config.windows)
-        num_windows = int(window_ids.max()) + 1
-        k = config.num_components
-        inits = [
-            kmeans_1d(theta[window_ids == w], k, iterations=config.kmeans_iterations, generator=generator)
-            for w in range(num_windows)
-        ]
+        inits, window_ids, edges = _initial_mixtures(theta, config, generator)
         dev, dtype = theta.device, theta.dtype
         self.means = nn.Parameter(torch.stack([i.means for i in inits]).to(dev, dtype))
         self.log_stds = nn.Parameter(torch.stack([i.stds for i in inits]).log().to(dev, dtype))
@@ -297,6 +291,21 @@ def sampling_probs(phi: torch.Tensor) -> torch.Tensor:
     return torch.where(phi >= SAMPLING_FLOOR, phi, torch.zeros_like(phi)).half().float()
 
 
+def _initial_mixtures(theta: torch.Tensor, config: SQSConfig, generator: torch.Generator):
+    """([GMMInit per window], window ids, interior edges) of θ: θ's values are sorted once, on the CPU, and
+    serve the outlier windows' quantiles and every window's K-means (windows are value intervals, so each
+    window's weights are one run of the sorted values). A 4096×4096 layer (K = 64, outlier windows) took
+    26 s with three ``kthvalue`` passes and a sort and ``unique`` per window."""
+    ordered = sorted_values(theta.detach().reshape(-1).cpu()).double()  # float32 → float64 keeps the order
+    window_ids, edges = assign_windows(theta, config.windows, ordered=ordered)
+    counts = torch.bincount(window_ids.reshape(-1).long().cpu(), minlength=int(window_ids.max()) + 1)
+    inits: list[GMMInit] = [
+        kmeans_1d_sorted(run, config.num_components, iterations=config.kmeans_iterations, generator=generator)
+        for run in torch.split(ordered, counts.tolist())
+    ]
+    return inits, window_ids, edges
+
+
 def _initial_gate_logits(theta: torch.Tensor, config: SQSConfig) -> torch.Tensor:
     """s̃ at initialisation, in units of τ' (λ̃ = sigmoid(s̃/τ')); see SQSConfig.gate_init."""
     top = math.log(config.initial_keep_prob) - math.log1p(-config.initial_keep_prob)
@@ -305,7 +314,9 @@ def _initial_gate_logits(theta: torch.Tensor, config: SQSConfig) -> torch.Tensor
     else:
         flat = theta.detach().reshape(-1).abs().float()
         ranks = torch.empty_like(flat)
-        ranks[torch.argsort(flat, stable=True)] = torch.arange(flat.numel(), dtype=flat.dtype, device=flat.device)
+        # |θ| ≥ 0 orders as its int32 bits: the same permutation, by radix sort (0.7 against 2.8 s for 16.8M)
+        order = torch.argsort(flat.view(torch.int32), stable=True)
+        ranks[order] = torch.arange(flat.numel(), dtype=flat.dtype, device=flat.device)
         fraction = ranks / max(flat.numel() - 1, 1)  # 0 for the smallest |θ|, 1 for the largest
         scaled = (top - config.gate_init_spread * (1 - fraction)).reshape(theta.shape)
     return scaled * config.gate_temperature

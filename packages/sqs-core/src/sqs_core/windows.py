@@ -21,9 +21,12 @@ OUTLIER_IQR_FACTOR = 5.0
 NUM_WINDOWS = 4
 
 
-def _kth(flat: torch.Tensor, q: float) -> torch.Tensor:
-    """The q-quantile by order statistic (torch.quantile refuses tensors above 2**24 elements)."""
+def _kth(flat: torch.Tensor, q: float, ordered: torch.Tensor | None = None) -> torch.Tensor:
+    """The q-quantile by order statistic (torch.quantile refuses tensors above 2**24 elements), read from
+    ``ordered`` (θ's values sorted, any float dtype) when the caller has them."""
     k = min(flat.numel(), max(1, round(q * (flat.numel() - 1)) + 1))
+    if ordered is not None:  # rounding to float32 keeps the order, so this is flat.kthvalue(k) exactly
+        return ordered[k - 1].to(flat.dtype)
     return flat.kthvalue(k).values
 
 
@@ -32,11 +35,14 @@ def _interval_ids(flat: torch.Tensor, inner_edges: torch.Tensor) -> torch.Tensor
     return torch.bucketize(flat, inner_edges, right=True)
 
 
-def assign_windows(theta: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+def assign_windows(
+    theta: torch.Tensor, kind: str, *, ordered: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Window id (uint8, same shape as ``theta``) and the interior edges that define the windows.
 
     Returns ``(window_ids, edges)`` where ``edges`` holds the W−1 interior boundaries of the compacted,
-    non-empty windows (empty for ``none``).
+    non-empty windows (empty for ``none``). ``ordered``: θ's values sorted ascending, when the caller has
+    them (the quantiles are read off instead of three ``kthvalue`` passes).
     """
     flat = theta.detach().reshape(-1).float()
     if flat.numel() == 0:
@@ -48,7 +54,7 @@ def assign_windows(theta: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.
         width = (hi - lo) / NUM_WINDOWS
         edges = lo + width * torch.arange(1, NUM_WINDOWS, dtype=flat.dtype, device=flat.device)
     elif kind == "outlier":
-        q1, median, q3 = _kth(flat, 0.25), _kth(flat, 0.5), _kth(flat, 0.75)
+        q1, median, q3 = (_kth(flat, q, ordered) for q in (0.25, 0.5, 0.75))
         iqr = q3 - q1
         edges = torch.stack([q1 - OUTLIER_IQR_FACTOR * iqr, median, q3 + OUTLIER_IQR_FACTOR * iqr])
         # The tails are closed intervals [min, q1 − 5·IQR] and [q3 + 5·IQR, max].
