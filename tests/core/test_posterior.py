@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqs_core import chunked
 from sqs_core.mixture import bernoulli_kl, gaussian_kl, log_responsibilities
-from sqs_core.posterior import SpikeGMMPosterior
+from sqs_core.posterior import SpikeGMMPosterior, sampling_probs
 
 
 def _posterior(shape=(24, 17), k=4, windows="outlier", seed=0, **kw):
@@ -126,3 +126,17 @@ def test_responsibilities_rows_and_greedy_agree():
     phi = p.responsibilities()
     assert torch.allclose(phi.sum(-1), torch.ones_like(phi[:, 0]), atol=1e-5)
     assert torch.equal(phi.argmax(-1).to(torch.uint8), p.greedy_levels().reshape(-1))
+
+
+def test_levels_and_alternatives_in_one_pass_match_the_two_methods():
+    """discrete_posteriors and save take both from one evaluation; greedy_ asks for the levels only."""
+    p = _posterior(temperature=0.1)  # a soft φ: many weights have alternatives
+    levels, (index, rows) = p.levels_and_alternatives()
+    expected_index, expected_rows = p.sampling_alternatives()
+    assert index.numel() > 0 and torch.equal(index, expected_index) and torch.equal(rows, expected_rows)
+    assert torch.equal(levels, p.greedy_levels())
+    probs = sampling_probs(p.responsibilities())  # every weight's φ, floored and rounded as the artifact stores it
+    several = ((probs > 0).sum(-1) >= 2).nonzero().squeeze(1)
+    assert torch.equal(index, several) and torch.equal(rows, probs[several])
+    only_levels, (no_index, no_rows) = p.levels_and_alternatives(alternatives=False)
+    assert torch.equal(only_levels, levels) and no_index.numel() == 0 and no_rows.shape == (0, p.num_components)

@@ -24,7 +24,7 @@ from torch import nn
 from ._artifact_file import FORMAT_VERSION, MAGIC, PREFIX, Artifact, container, read_artifact
 from ._artifact_layout import FLOAT_DTYPES, encode
 from ._safetensors_format import safetensors_chunks
-from .inference import BayesianAverage, discrete_posteriors
+from .inference import BayesianAverage, _discrete_posteriors
 from .layers import SQSLayer
 from .prepare import posteriors, prepared_config
 
@@ -103,7 +103,7 @@ def save(
     _check_flag("per_layer", per_layer)
     _check_flag("include_alternatives", include_alternatives)
     target = Path(os.fspath(path))
-    dists = discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer)
+    dists = _discrete_posteriors(model, nonzero, per_layer, alternatives=include_alternatives)
     groups, sqs_paths = _layer_groups(model)
     records, blobs = [], []
     for name, d in dists.items():

@@ -24,6 +24,12 @@ def discrete_posteriors(
     ``nonzero`` keeps that fraction of the highest λ̂ (the schedule's forced zeros count as λ̂ = 0);
     None keeps every weight the pruning schedule left on.
     """
+    return _discrete_posteriors(model, nonzero, per_layer, alternatives=True)
+
+
+def _discrete_posteriors(model, nonzero, per_layer, *, alternatives: bool) -> dict[str, DiscretePosterior]:
+    """:func:`discrete_posteriors`; without ``alternatives`` (for :func:`greedy_`, which draws nothing) no
+    weight's alternatives are kept, which spares evaluating them."""
     prepared_config(model)
     posts = posteriors(model)
     if nonzero is None:
@@ -33,12 +39,12 @@ def discrete_posteriors(
         keep = keep_top_fraction(scores, nonzero, per_layer=per_layer)
     out = {}
     for name, p in posts.items():
-        alt_index, alt_probs = p.sampling_alternatives()
+        greedy, (alt_index, alt_probs) = p.levels_and_alternatives(alternatives=alternatives)  # one pass
         out[name] = DiscretePosterior(
             shape=tuple(p.weight.shape),
             codebook=p.means.detach().to(p.weight_dtype, copy=True),  # the levels as the layer stores weights
             window_ids=p.window_ids.reshape(-1),
-            greedy=p.greedy_levels().reshape(-1),
+            greedy=greedy.reshape(-1),
             keep=keep[name].reshape(-1),
             alt_index=alt_index,
             alt_probs=alt_probs,
@@ -66,7 +72,7 @@ def _setters(model: nn.Module) -> dict[str, Callable[[torch.Tensor], None]]:
 def greedy_(model: nn.Module, *, nonzero: float | None = None, per_layer: bool = False) -> nn.Module:
     """Fix every SQS layer to its greedy sparse quantized weight μ_{k*} (eq. greedy); returns model."""
     setters = _setters(model)
-    for name, d in discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer).items():
+    for name, d in _discrete_posteriors(model, nonzero, per_layer, alternatives=False).items():
         setters[name](d.weights())
     return model
 

@@ -253,10 +253,7 @@ class SpikeGMMPosterior(nn.Module):
     def greedy_levels(self) -> torch.Tensor:
         """k*_i = argmax_k φ_k(θ_i) (eq. greedy), uint8, θ's shape. Weights certified one-hot
         (:mod:`sqs_core.onehot`) take the certificate's k*; the others the argmax of their full φ."""
-        kstar, blocks = self._levels_and_uncertain()
-        for index, log_phi in blocks:
-            kstar[index] = log_phi.argmax(-1).to(torch.uint8)
-        return kstar.reshape(self.weight.shape)
+        return self.levels_and_alternatives(alternatives=False)[0]
 
     @torch.no_grad()
     def sampling_alternatives(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,17 +263,27 @@ class SpikeGMMPosterior(nn.Module):
         the artifact stores), as float32; rows are not renormalised (sampling normalises by the sum).
         Certified weights (every other φ_j ≤ e^-40, far below the floor) have none.
         """
+        return self.levels_and_alternatives()[1]
+
+    @torch.no_grad()
+    def levels_and_alternatives(self, *, alternatives: bool = True):
+        """(:meth:`greedy_levels`, :meth:`sampling_alternatives`) from one evaluation of the weights that are not
+        certified (their full φ: the costly part; a 4096×4096 layer late in training has millions); without
+        ``alternatives`` the second is empty, and the evaluation spares the probabilities."""
+        kstar, blocks = self._levels_and_uncertain()
         index, rows = [], []
-        for flat, log_phi in self._levels_and_uncertain()[1]:
-            probs = sampling_probs(log_phi.exp())
-            local = ((probs > 0).sum(-1) >= 2).nonzero().squeeze(1)
-            if local.numel():
-                index.append(flat[local])
-                rows.append(probs[local])
-        k, device = self.num_components, self.means.device
-        if not index:
-            return torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, k, device=device)
-        return torch.cat(index), torch.cat(rows)
+        for flat, log_phi in blocks:
+            kstar[flat] = log_phi.argmax(-1).to(torch.uint8)
+            if alternatives:
+                probs = sampling_probs(log_phi.exp())
+                local = ((probs > 0).sum(-1) >= 2).nonzero().squeeze(1)
+                if local.numel():
+                    index.append(flat[local])
+                    rows.append(probs[local])
+        if not index:  # none, or not asked for
+            k, device = self.num_components, self.means.device
+            index, rows = [torch.zeros(0, dtype=torch.long, device=device)], [torch.zeros(0, k, device=device)]
+        return kstar.reshape(self.weight.shape), (torch.cat(index), torch.cat(rows))
 
     @torch.no_grad()
     def level_values(self, levels: torch.Tensor) -> torch.Tensor:
