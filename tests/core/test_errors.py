@@ -128,3 +128,13 @@ def test_schedule_and_average_arguments():
         sqs.BayesianAverage(model, samples=0)
     with pytest.raises(ValueError, match="gate_lr"):
         sqs.param_groups(model, gate_lr=0)
+
+
+def test_discrete_posteriors_alternatives_flag():
+    model = sqs.prepare_(mlp())
+    with pytest.raises(ValueError, match="alternatives must be a bool"):
+        sqs.discrete_posteriors(model, alternatives="no")
+    full = sqs.discrete_posteriors(model, nonzero=0.5)
+    greedy_only = sqs.discrete_posteriors(model, nonzero=0.5, alternatives=False)
+    for name, d in greedy_only.items():
+        assert d.alt_index.numel() == 0 and torch.equal(d.weights(), full[name].weights())

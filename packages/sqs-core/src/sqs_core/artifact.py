@@ -24,7 +24,7 @@ from torch import nn
 from ._artifact_file import FORMAT_VERSION, MAGIC, PREFIX, Artifact, container, read_artifact
 from ._artifact_layout import FLOAT_DTYPES, encode
 from ._safetensors_format import safetensors_chunks
-from .inference import BayesianAverage, _discrete_posteriors
+from .inference import BayesianAverage, check_flag, discrete_posteriors
 from .layers import SQSLayer
 from .prepare import posteriors, prepared_config
 
@@ -81,11 +81,6 @@ def _dense_state(model: nn.Module, sqs_paths: set[str]) -> dict[str, torch.Tenso
     return out
 
 
-def _check_flag(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
-
-
 def save(
     model: nn.Module,
     path: str | os.PathLike,
@@ -100,10 +95,10 @@ def save(
     pruning schedule left); ``include_alternatives`` stores what sampling and Bayesian averaging need.
     """
     config = prepared_config(model)
-    _check_flag("per_layer", per_layer)
-    _check_flag("include_alternatives", include_alternatives)
+    check_flag("per_layer", per_layer)
+    check_flag("include_alternatives", include_alternatives)
     target = Path(os.fspath(path))
-    dists = _discrete_posteriors(model, nonzero, per_layer, alternatives=include_alternatives)
+    dists = discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer, alternatives=include_alternatives)
     groups, sqs_paths = _layer_groups(model)
     records, blobs = [], []
     for name, d in dists.items():

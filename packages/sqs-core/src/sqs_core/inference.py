@@ -4,6 +4,7 @@ Non-zero quantile of λ̂ (global by default), and Bayesian averaging of M draws
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,19 +18,16 @@ __all__ = ["BayesianAverage", "discrete_posteriors", "greedy_", "sample_", "vari
 
 @torch.no_grad()
 def discrete_posteriors(
-    model: nn.Module, *, nonzero: float | None = None, per_layer: bool = False
+    model: nn.Module, *, nonzero: float | None = None, per_layer: bool = False, alternatives: bool = True
 ) -> dict[str, DiscretePosterior]:
     """The discrete inference distribution of every posterior, with pruning decided.
 
     ``nonzero`` keeps that fraction of the highest λ̂ (the schedule's forced zeros count as λ̂ = 0);
-    None keeps every weight the pruning schedule left on.
+    None keeps every weight the pruning schedule left on. ``alternatives=False`` keeps no weight's
+    alternatives (only the greedy weights can then be drawn), which spares evaluating them: what
+    :func:`greedy_` and ``save(include_alternatives=False)`` ask for.
     """
-    return _discrete_posteriors(model, nonzero, per_layer, alternatives=True)
-
-
-def _discrete_posteriors(model, nonzero, per_layer, *, alternatives: bool) -> dict[str, DiscretePosterior]:
-    """:func:`discrete_posteriors`; without ``alternatives`` (for :func:`greedy_`, which draws nothing) no
-    weight's alternatives are kept, which spares evaluating them."""
+    check_flag("alternatives", alternatives)
     prepared_config(model)
     posts = posteriors(model)
     if nonzero is None:
@@ -52,6 +50,12 @@ def _discrete_posteriors(model, nonzero, per_layer, *, alternatives: bool) -> di
     return out
 
 
+def check_flag(name: str, value: Any) -> None:
+    """A ValueError naming ``name`` unless ``value`` is a bool."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+
+
 def _setters(model: nn.Module) -> dict[str, Callable[[torch.Tensor], None]]:
     """For each posterior (by name), a function that fixes the weight of every layer sharing it."""
     names = {id(p): name for name, p in posteriors(model).items()}
@@ -72,7 +76,7 @@ def _setters(model: nn.Module) -> dict[str, Callable[[torch.Tensor], None]]:
 def greedy_(model: nn.Module, *, nonzero: float | None = None, per_layer: bool = False) -> nn.Module:
     """Fix every SQS layer to its greedy sparse quantized weight μ_{k*} (eq. greedy); returns model."""
     setters = _setters(model)
-    for name, d in _discrete_posteriors(model, nonzero, per_layer, alternatives=False).items():
+    for name, d in discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer, alternatives=False).items():
         setters[name](d.weights())
     return model
 
