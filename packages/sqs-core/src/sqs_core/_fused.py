@@ -57,9 +57,9 @@ def _certify(theta, window_ids, table):
     kernel on an AVX2 machine). The class as arithmetic on int32: inductor stores a float comparison's mask
     as bool several times slower."""
     mean_radius, codes, low, inv_width = table
-    b = bin_of(theta, low, inv_width, mean_radius.shape[0])
-    mean = mean_radius[:, 0][b]
-    within = ((theta - mean).abs() <= mean_radius[:, 1][b]).int()
+    b = bin_of(theta, low, inv_width, mean_radius.shape[1])
+    mean = mean_radius[0][b]
+    within = ((theta - mean).abs() <= mean_radius[1][b]).int()
     code = codes[b]
     owns = ((code >> 16) == window_ids.int()).int()  # one window: 0 == 0
     certified = within * owns
