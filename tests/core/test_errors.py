@@ -132,7 +132,7 @@ def test_schedule_and_average_arguments():
 
 def test_discrete_posteriors_alternatives_flag():
     model = sqs.prepare_(mlp())
-    with pytest.raises(ValueError, match="alternatives must be a bool"):
+    with pytest.raises(ValueError, match="alternatives must be True or False"):
         sqs.discrete_posteriors(model, alternatives="no")
     full = sqs.discrete_posteriors(model, nonzero=0.5)
     greedy_only = sqs.discrete_posteriors(model, nonzero=0.5, alternatives=False)

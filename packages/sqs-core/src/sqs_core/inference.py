@@ -4,11 +4,12 @@ Non-zero quantile of λ̂ (global by default), and Bayesian averaging of M draws
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from functools import partial
 
 import torch
 from torch import nn
 
+from ._checks import check_flag, check_generator
 from .discrete import DiscretePosterior
 from .prepare import posteriors, prepared_config, sqs_layers
 from .selection import keep_top_fraction
@@ -28,8 +29,11 @@ def discrete_posteriors(
     :func:`greedy_` and ``save(include_alternatives=False)`` ask for.
     """
     check_flag("alternatives", alternatives)
+    check_flag("per_layer", per_layer)
     prepared_config(model)
     posts = posteriors(model)
+    for name, p in posts.items():
+        _check_finite(name, p)
     if nonzero is None:
         keep = {name: p.mask.clone() for name, p in posts.items()}
     else:
@@ -50,10 +54,15 @@ def discrete_posteriors(
     return out
 
 
-def check_flag(name: str, value: Any) -> None:
-    """A ValueError naming ``name`` unless ``value`` is a bool."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
+def _check_finite(name: str, posterior) -> None:
+    """A ValueError naming the layer and the parameter when a posterior holds NaN or inf (after a NaN
+    gradient, say): its greedy levels, draws and saved codebook would be NaN."""
+    for attr in ("means", "log_stds", "mixing_logits", "gate_logits"):
+        if not torch.isfinite(getattr(posterior, attr)).all():
+            raise ValueError(
+                f"the posterior of layer {name!r} holds NaN or inf in {attr} (a non-finite gradient in training?); "
+                "it cannot be turned into weights: restore it from a checkpoint"
+            )
 
 
 def _setters(model: nn.Module) -> dict[str, Callable[[torch.Tensor], None]]:
@@ -89,6 +98,7 @@ def sample_(
     per_layer: bool = False,
 ) -> nn.Module:
     """Fix every SQS layer to one draw from the discrete posterior (eq. infer-theta); returns model."""
+    check_generator("generator", generator)
     setters = _setters(model)
     for name, d in discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer).items():
         setters[name](d.weights(d.draw(generator)))
@@ -106,7 +116,9 @@ def variational_(model: nn.Module) -> nn.Module:
 class BayesianAverage(nn.Module):
     """ŷ = (1/M) Σ_m f(x; θ̃^m) (eq. infer-bam) over M draws made once, at construction, from
     ``generator`` (so every batch sees the same M models). ``average="probs"`` averages softmax
-    probabilities instead of raw outputs."""
+    probabilities instead of raw outputs. A forward sets each draw's weights in turn and then puts the
+    model's layers back as they were (variational, or their fixed weights), so the wrapped model can go
+    on training or be evaluated on its own."""
 
     def __init__(
         self,
@@ -119,14 +131,13 @@ class BayesianAverage(nn.Module):
         average: str = "outputs",
     ) -> None:
         super().__init__()
+        check_arguments(samples, generator, average)
         dists = discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer)
         self._init(model, dists, _setters(model), samples, generator, average)
+        self._snapshot = partial(_layer_modes, model)
 
     def _init(self, model, dists, setters, samples, generator, average) -> None:
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-            raise ValueError(f"samples (M) must be an int >= 1, got {samples!r}")
-        if average not in ("outputs", "probs"):
-            raise ValueError(f"average must be 'outputs' or 'probs', got {average!r}")
+        check_arguments(samples, generator, average)
         self.model = model
         self.average = average
         self._dists = dists
@@ -135,22 +146,61 @@ class BayesianAverage(nn.Module):
 
     @classmethod
     def from_parts(cls, model, dists, setters, *, samples=4, generator=None, average="outputs"):
-        """Build from discrete posteriors and weight setters (used by ``sqs_core.load``)."""
+        """Build from discrete posteriors and weight setters (used by ``sqs_core.load_bayesian_average``);
+        a forward leaves the greedy weights set."""
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self._init(model, dists, setters, samples, generator, average)
+        self._snapshot = partial(_greedy_restorer, dists, setters)
         return self
 
     @torch.no_grad()
     def forward(self, *args, **kwargs) -> torch.Tensor:
         total = None
-        for levels in self.draws:
-            for name, d in self._dists.items():
-                self._setters[name](d.weights(levels[name]))
-            out = self.model(*args, **kwargs)
-            if self.average == "probs":
-                out = torch.softmax(out, dim=-1)
-            total = out if total is None else total + out
+        restore = self._snapshot()
+        try:
+            for levels in self.draws:
+                for name, d in self._dists.items():
+                    self._setters[name](d.weights(levels[name]))
+                out = self.model(*args, **kwargs)
+                if self.average == "probs":
+                    out = torch.softmax(out, dim=-1)
+                total = out if total is None else total + out
+        finally:
+            restore()
         if total is None:
             raise RuntimeError("BayesianAverage holds no draws")
         return total / len(self.draws)
+
+
+def check_arguments(samples, generator, average) -> None:
+    """BayesianAverage's own arguments (also checked by ``load_bayesian_average`` before it loads)."""
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples (M) must be an int >= 1, got {samples!r}")
+    check_generator("generator", generator)
+    if average not in ("outputs", "probs"):
+        raise ValueError(f"average must be 'outputs' or 'probs', got {average!r}")
+
+
+def _layer_modes(model: nn.Module) -> Callable[[], None]:
+    """A function that puts every SQS layer of ``model`` back in its present mode (and fixed weight)."""
+    saved = [(layer, layer.fixed_weight) for layer in sqs_layers(model).values()]
+
+    def restore() -> None:
+        for layer, weight in saved:
+            if weight is None:
+                layer.set_variational()
+            else:
+                layer.set_fixed_weight(weight)
+
+    return restore
+
+
+def _greedy_restorer(dists, setters) -> Callable[[], None]:
+    """A function that sets the greedy weights again (a skeleton loaded by load_bayesian_average)."""
+
+    def restore() -> None:
+        for name, d in dists.items():
+            setters[name](d.weights())
+
+    return restore

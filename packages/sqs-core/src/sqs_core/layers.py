@@ -84,6 +84,8 @@ def register_layer_type(layer_type: type, adapter: LayerAdapter) -> None:
     """Make modules of ``layer_type`` (with a ``weight`` parameter) eligible for ``prepare_``."""
     if not isinstance(layer_type, type) or not issubclass(layer_type, nn.Module):
         raise ValueError(f"layer_type must be an nn.Module subclass, got {layer_type!r}")
+    if not isinstance(adapter, LayerAdapter) or not (callable(adapter.forward) and callable(adapter.forward_no_bias)):
+        raise ValueError(f"adapter must be a LayerAdapter with callable forward and forward_no_bias, got {adapter!r}")
     _REGISTRY[layer_type] = adapter
 
 

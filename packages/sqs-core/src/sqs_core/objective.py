@@ -9,12 +9,11 @@ summed over all weights of all compressed layers and divided by ``num_data`` onc
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from .prepare import posteriors, prepared_config
+from ._checks import check_real
+from .prepare import posteriors, prepared_config, sqs_layers
 
 __all__ = ["Objective"]
 
@@ -26,25 +25,52 @@ class Objective:
         config = prepared_config(model)
         if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data <= 0:
             raise ValueError(f"num_data must be a positive int (training examples), got {num_data!r}")
-        beta = config.kl_weight if kl_weight is None else kl_weight
-        if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
+        beta = check_real("kl_weight", config.kl_weight if kl_weight is None else kl_weight)
+        if beta < 0:
             raise ValueError(f"kl_weight must be a finite number >= 0, got {beta!r}")
         self.model = model
         self.num_data = num_data
-        self.kl_weight = float(beta)
+        self.kl_weight = beta
         self.last: dict[str, float] = {}
 
     def kl(self) -> torch.Tensor:
-        """The summed (unscaled) KL over every posterior of the model."""
-        terms = [p.kl() for p in posteriors(self.model).values()]
-        return torch.stack(terms).sum()
+        """The summed (unscaled) KL over every posterior of the model; a FloatingPointError naming the first
+        layer whose KL is NaN or inf."""
+        terms = {name: p.kl() for name, p in posteriors(self.model).items()}
+        kl = torch.stack(list(terms.values())).sum()
+        if not torch.isfinite(kl):
+            name, term = next((n, t) for n, t in terms.items() if not torch.isfinite(t))
+            raise FloatingPointError(
+                f"the KL of layer {name!r} is {float(term.detach())}: its posterior holds NaN or inf (a non-finite "
+                "gradient earlier?), or the prior's slab_std is too small for its means"
+            )
+        return kl
 
     def __call__(self, nll: torch.Tensor) -> torch.Tensor:
         if not isinstance(nll, torch.Tensor) or nll.dim() != 0:
             raise ValueError("Objective expects the batch-mean task NLL as a scalar tensor")
         if not torch.isfinite(nll):
-            raise FloatingPointError(f"task NLL is {float(nll)}; refusing to propagate it into the posterior")
+            raise FloatingPointError(f"task NLL is {float(nll.detach())}; refusing to propagate it into the posterior")
+        if torch.is_grad_enabled():
+            self._check_variational()
         kl = self.kl()
         loss = nll + (self.kl_weight / self.num_data) * kl
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"loss is {float(loss.detach())} (NLL {float(nll.detach())}, KL {float(kl.detach())}, "
+                f"kl_weight {self.kl_weight}): "
+                "β·KL/num_data overflows; lower kl_weight"
+            )
         self.last = {"nll": float(nll.detach()), "kl": float(kl.detach()), "loss": float(loss.detach())}
         return loss
+
+    def _check_variational(self) -> None:
+        """Training needs the variational forward: a fixed layer (greedy_, sample_) computed the NLL from a
+        concrete weight, which the posterior's gradients do not reach, so only the KL would move it."""
+        fixed = [name for name, layer in sqs_layers(self.model).items() if layer.mode == "fixed"]
+        if fixed:
+            raise ValueError(
+                f"layers {fixed} have fixed weights (greedy_ or sample_): the task loss does not reach their "
+                "posteriors. Call sqs_core.variational_(model) before training, or compute the objective under "
+                "torch.no_grad() to evaluate it"
+            )

@@ -95,6 +95,13 @@ class SpikeGMMPosterior(nn.Module):
         self._ranges_key: tuple | None = None
         self._ranges = torch.zeros(0)
 
+    def __getstate__(self) -> dict:
+        """The state to pickle or deepcopy, without the last forward's caches: its KL is part of that forward's
+        autograd graph, which ``copy.deepcopy`` refuses to copy. A copy's :meth:`kl` computes the KL afresh."""
+        state = dict(super().__getstate__())
+        state["_pending_kl"], state["_kstar"] = None, None
+        return state
+
     # -- shapes and simple closed forms ---------------------------------------------------------
     @property
     def num_windows(self) -> int:

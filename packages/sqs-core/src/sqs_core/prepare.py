@@ -103,9 +103,14 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     if is_prepared(model) or any(isinstance(m, SQSLayer) for m in model.modules()):
         raise ValueError("model is already prepared for SQS (prepare_ was called twice)")
     config = config if config is not None else SQSConfig()
+    if not isinstance(config, SQSConfig):
+        raise ValueError(
+            f"config must be an SQSConfig (SQSConfig.from_dict builds one from a dict), got {type(config).__name__}"
+        )
     chosen, refs = _select(model, config)
     for name, module, _ in chosen:
         _check_weight(name, module)
+    _check_ties(model, chosen)
     generator = torch.Generator().manual_seed(config.seed)
     shared: dict[int, SpikeGMMPosterior] = {}
     wrappers: list[tuple[nn.Module, SQSLayer]] = []
@@ -144,6 +149,26 @@ def _check_weight(name: str, module: nn.Module) -> None:
         raise ValueError(f"layer {name!r} has its weight on the meta device (no values): load its weights first")
     if not weight.is_floating_point() or not torch.isfinite(weight).all():
         raise ValueError(f"layer {name!r} has a NaN or infinite weight (or a non-float dtype); fix it first")
+    if weight.numel() == 0:
+        raise ValueError(f"layer {name!r} has an empty weight {tuple(weight.shape)}: exclude it")
+
+
+def _check_ties(model: nn.Module, chosen) -> None:
+    """A ValueError where a weight to compress is also a parameter of a module left dense (an excluded or
+    skipped layer, or a bare use): prepare_ replaces it in the compressed layers only, which would untie it,
+    and the file would store the dense copy that a tied skeleton then loads over the compressed one."""
+    owners = {id(module.weight): name for name, module, _ in chosen}
+    compressed = {id(module) for _, module, _ in chosen}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        if id(module) in compressed:
+            continue
+        for param_name, param in module._parameters.items():
+            if param is not None and id(param) in owners:
+                where = f"{module_name}.{param_name}" if module_name else param_name
+                raise ValueError(
+                    f"the weight of layer {owners[id(param)]!r} is tied to {where!r}, which is not compressed: "
+                    "compress both (include both, no skip) or neither"
+                )
 
 
 def _log_prepared(num_layers: int, posteriors: list[SpikeGMMPosterior]) -> None:

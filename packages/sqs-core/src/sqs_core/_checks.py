@@ -1,0 +1,67 @@
+"""Argument checks shared by every user-facing entry point: a ValueError that names the argument and the
+value it got, raised before anything is changed.
+
+Numbers: a real number is an ``int`` or ``float`` or a NumPy scalar (anything registered as
+``numbers.Real``), never a ``bool`` (``True`` is not a temperature) and never a tensor (a 0-d tensor
+may live on a GPU and carry a graph: the caller converts it). The checks return the value as a Python
+``float`` / ``int``, so configs store plain numbers that serialise to JSON.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import torch
+
+__all__ = ["check_flag", "check_generator", "check_int", "check_open_unit", "check_positive", "check_real"]
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` if it is a bool (not 0/1, not a string: ``"no"`` is truthy), else a ValueError naming ``name``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_real(name: str, value: Any, *, finite: bool = True) -> float:
+    """``value`` as a float if it is a real number (not a bool or tensor), finite unless ``finite`` is False."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    out = float(value)
+    if finite and not math.isfinite(out):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return out
+
+
+def check_positive(name: str, value: Any) -> float:
+    """``value`` as a float if it is a finite real number > 0."""
+    out = check_real(name, value)
+    if out <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return out
+
+
+def check_open_unit(name: str, value: Any) -> float:
+    """``value`` as a float if it is a real number in the open interval (0, 1)."""
+    out = check_real(name, value)
+    if not 0.0 < out < 1.0:
+        raise ValueError(f"{name} must lie in the open interval (0, 1), got {value!r}")
+    return out
+
+
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int if it is an integer (int or NumPy integer, not a bool or float) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if int(value) < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_generator(name: str, value: Any) -> torch.Generator | None:
+    """``value`` if it is None or a ``torch.Generator``, else a ValueError naming ``name``."""
+    if value is not None and not isinstance(value, torch.Generator):
+        raise ValueError(f"{name} must be a torch.Generator or None, got {value!r} ({type(value).__name__})")
+    return value

@@ -1,0 +1,195 @@
+"""Misuse that once went silently wrong now fails clearly, or works: non-finite posteriors and KLs, training
+fixed layers, half-compressed ties, Bayesian averaging that left its last draw behind, deepcopy after a
+forward, bad adapters and flags."""
+
+import copy
+
+import pytest
+import sqs_core as sqs
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+X, Y = torch.randn(6, 4, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 0, 1, 1, 0])
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def prepared(**config):
+    return sqs.prepare_(mlp(), sqs.SQSConfig(**config))
+
+
+@pytest.mark.parametrize("attr", ["means", "log_stds", "mixing_logits", "gate_logits"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_posterior_is_not_turned_into_weights(tmp_path, attr, value):
+    model = prepared()
+    with torch.no_grad():
+        getattr(sqs.posteriors(model)["2"], attr).view(-1)[0] = value
+    for call in (
+        lambda: sqs.greedy_(model),
+        lambda: sqs.sample_(model, generator=torch.Generator().manual_seed(0)),
+        lambda: sqs.BayesianAverage(model, samples=2),
+        lambda: sqs.save(model, tmp_path / "m.sqs"),
+    ):
+        with pytest.raises(ValueError, match=f"layer '2' holds NaN or inf in {attr}"):
+            call()
+    assert not (tmp_path / "m.sqs").exists()
+    assert all(layer.mode == "variational" for layer in sqs.sqs_layers(model).values())
+
+
+def test_a_non_finite_kl_names_the_layer():
+    model = prepared(prior=sqs.SpikeSlabPrior(slab_std=1e-30))  # KL(N(μ, σ²) ‖ N(0, σ_0²)) overflows
+    objective = sqs.Objective(model, num_data=6)
+    with pytest.raises(FloatingPointError, match="KL of layer '0' is inf"):
+        objective(F.cross_entropy(model(X), Y))
+
+
+def test_an_overflowing_kl_weight_is_refused_with_the_loss():
+    model = prepared(kl_weight=1e300)
+    with pytest.raises(FloatingPointError, match="lower kl_weight"):
+        sqs.Objective(model, num_data=1)(F.cross_entropy(model(X), Y))
+
+
+@pytest.mark.parametrize("bad", [True, "1e-3", float("nan"), -1.0])
+def test_objective_kl_weight_must_be_a_finite_number(bad):
+    with pytest.raises(ValueError, match="kl_weight"):
+        sqs.Objective(prepared(), num_data=6, kl_weight=bad)
+
+
+def test_training_fixed_layers_is_refused_but_evaluating_them_works():
+    model = sqs.greedy_(prepared())
+    objective = sqs.Objective(model, num_data=6)
+    with pytest.raises(ValueError, match=r"layers \['0', '2'\] have fixed weights.*variational_"):
+        objective(F.cross_entropy(model(X), Y))
+    with torch.no_grad():
+        assert torch.isfinite(objective(F.cross_entropy(model(X), Y)))
+    sqs.variational_(model)
+    objective(F.cross_entropy(model(X), Y)).backward()
+    assert sqs.posteriors(model)["0"].gate_logits.grad is not None
+
+
+class TiedLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(10, 6)
+        self.head = nn.Linear(6, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, i):
+        return self.head(self.emb(i))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        sqs.SQSConfig(exclude=("head",)),
+        sqs.SQSConfig(include=("emb",)),
+        sqs.SQSConfig(overrides={"^head$": {"skip": True}}),
+    ],
+)
+def test_compressing_one_side_of_a_tie_is_refused_and_changes_nothing(config):
+    model = TiedLM()
+    before = repr(model)
+    with pytest.raises(ValueError, match=r"'emb' is tied to 'head.weight'.*compress both"):
+        sqs.prepare_(model, config)
+    assert repr(model) == before and not sqs.is_prepared(model) and model.head.weight is model.emb.weight
+
+
+def test_a_weight_tied_to_a_bare_parameter_is_refused():
+    model = mlp()
+    model.register_parameter("shadow", model[0].weight)
+    with pytest.raises(ValueError, match="'0' is tied to 'shadow'"):
+        sqs.prepare_(model)
+
+
+def test_both_sides_of_a_tie_still_compress_together():
+    model = sqs.prepare_(TiedLM())
+    assert len(sqs.posteriors(model)) == 1 and len(sqs.sqs_layers(model)) == 2
+
+
+def _outputs(model):
+    with torch.no_grad():
+        return model(X)
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_bayesian_average_puts_the_layers_back(fixed):
+    model = prepared(temperature=0.5)  # soft φ: the draws differ from the greedy levels
+    model.eval()
+    if fixed:
+        sqs.greedy_(model)
+    before = _outputs(model)
+    weights = {name: layer.fixed_weight for name, layer in sqs.sqs_layers(model).items()}
+    averaged = sqs.BayesianAverage(model, samples=3, generator=torch.Generator().manual_seed(0))(X)
+    assert not torch.equal(averaged, before)  # the draws were used ...
+    assert torch.equal(_outputs(model), before)  # ... and the model is as it was
+    for name, layer in sqs.sqs_layers(model).items():
+        assert layer.mode == ("fixed" if fixed else "variational")
+        assert (layer.fixed_weight is None) if not fixed else torch.equal(layer.fixed_weight, weights[name])
+
+
+def test_a_loaded_bayesian_average_leaves_the_greedy_weights(tmp_path):
+    model = prepared(temperature=0.5)
+    sqs.save(model, tmp_path / "m.sqs")
+    greedy = _outputs(sqs.load(tmp_path / "m.sqs", mlp()))
+    skeleton = mlp()
+    average = sqs.load_bayesian_average(tmp_path / "m.sqs", skeleton, samples=3)
+    assert torch.equal(_outputs(skeleton), greedy)
+    assert not torch.equal(average(X), greedy)
+    assert torch.equal(_outputs(skeleton), greedy)
+
+
+def test_deepcopy_after_a_training_forward_gives_an_equal_model():
+    model = prepared()
+    out = model(X)  # the posteriors now hold this forward's KL, a node of its graph
+    twin = copy.deepcopy(model)
+    loss = sqs.Objective(model, num_data=6)(F.cross_entropy(out, Y))
+    assert torch.equal(_outputs(twin), _outputs(model))
+    twin_loss = sqs.Objective(twin, num_data=6)(F.cross_entropy(twin(X), Y))
+    torch.testing.assert_close(twin_loss, loss, rtol=0, atol=0)
+    twin_loss.backward()  # the copy trains on its own
+    assert sqs.posteriors(model)["0"].gate_logits.grad is None
+
+
+@pytest.mark.parametrize("adapter", [None, "oops", sqs.LayerAdapter(forward=None, forward_no_bias=None)])
+def test_register_layer_type_refuses_a_bad_adapter_and_keeps_the_old_one(adapter):
+    with pytest.raises(ValueError, match="adapter must be a LayerAdapter"):
+        sqs.register_layer_type(nn.Linear, adapter)
+    assert len(sqs.sqs_layers(sqs.prepare_(mlp()))) == 2
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m: sqs.greedy_(m, per_layer="no"),
+        lambda m: sqs.sample_(m, per_layer=1),
+        lambda m: sqs.discrete_posteriors(m, per_layer="no"),
+        lambda m: sqs.BayesianAverage(m, per_layer="yes"),
+    ],
+)
+def test_per_layer_must_be_a_bool(call):
+    model = prepared()
+    with pytest.raises(ValueError, match="per_layer must be True or False"):
+        call(model)
+    assert all(layer.mode == "variational" for layer in sqs.sqs_layers(model).values())
+
+
+@pytest.mark.parametrize(
+    "call", [lambda m: sqs.sample_(m, generator=3), lambda m: sqs.BayesianAverage(m, generator="seed")]
+)
+def test_generator_must_be_a_torch_generator(call):
+    with pytest.raises(ValueError, match=r"generator must be a torch\.Generator or None"):
+        call(prepared())
+
+
+def test_prepare_refuses_a_dict_config_and_an_empty_layer():
+    with pytest.raises(ValueError, match=r"SQSConfig \(SQSConfig.from_dict"):
+        sqs.prepare_(mlp(), {"num_components": 4})
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(0, 3))
+    with pytest.raises(ValueError, match=r"layer '1' has an empty weight \(3, 0\)"):
+        sqs.prepare_(model)
+    assert not sqs.is_prepared(model)
