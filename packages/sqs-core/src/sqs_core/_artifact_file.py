@@ -26,7 +26,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from ._artifact_layout import check_record, decode_posterior, dtype_name
+from ._artifact_layout import FLOAT_DTYPES, check_record, decode_posterior, dtype_name
 from ._batch_decode import decode_weights
 from .discrete import DiscretePosterior
 
@@ -127,12 +127,35 @@ class Artifact:
         return decode_weights(self.records, self.blobs, into)
 
     def posteriors(self) -> dict[str, DiscretePosterior]:
-        return {r["layers"][0]: decode_posterior(r["layers"][0], r, self.blobs[r["layers"][0]]) for r in self.records}
+        """The discrete posterior of every record, keyed by its first layer name; refuses alternative
+        probabilities that are NaN, infinite or negative (they would make every draw meaningless)."""
+        out = {}
+        for rec in self.records:
+            name = rec["layers"][0]
+            d = out[name] = decode_posterior(name, rec, self.blobs[name])
+            if not bool(torch.isfinite(d.alt_probs).all()) or bool((d.alt_probs < 0).any()):
+                raise ValueError(
+                    f"{self.path}: compressed tensor {name!r} has alternative probabilities that are NaN, "
+                    "infinite or negative: the file is damaged or was saved from a non-finite posterior"
+                )
+        return out
+
+
+def check_path(name: str, value: Any) -> str:
+    """``value`` as a ``str`` path if it is a non-empty ``str`` or ``os.PathLike`` without NUL characters,
+    else a ValueError naming ``name`` (``""`` would otherwise mean the current folder)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"{name} must be a file path (str or os.PathLike), got {value!r} ({type(value).__name__})")
+    where = os.fsdecode(os.fspath(value))
+    if not where or "\0" in where:
+        raise ValueError(f"{name} must name a file (non-empty, without NUL characters), got {where!r}")
+    return where
 
 
 def read_artifact(path: str | os.PathLike) -> Artifact:
-    """Read and validate an artifact (structure, magic, version, checksums); raises ValueError if damaged."""
-    where = os.fspath(path)
+    """Read and validate an artifact (structure, magic, version, checksums, finite codebooks); raises
+    ValueError if damaged."""
+    where = check_path("path", path)
     data = Path(where).read_bytes()
     try:
         tensors = safetensors.torch.load(data)
@@ -266,6 +289,7 @@ def _split_tensors(where: str, header: dict, tensors: dict[str, torch.Tensor]):
         raise ValueError(f"{where}: two compressed records share the name of their first layer")
     for rec, (name, blob) in zip(records, blobs.items(), strict=True):
         check_record(name, rec, blob.numel())
+        _check_codebook(where, name, rec, blob)
     stray = sorted(n for n in tensors if n.startswith(PREFIX) and n not in known)
     if stray:
         raise ValueError(f"{where}: unexpected entries {stray}")
@@ -275,6 +299,18 @@ def _split_tensors(where: str, header: dict, tensors: dict[str, torch.Tensor]):
     if clash:
         raise ValueError(f"{where}: {clash} are stored more than once (in two records or also as dense tensors)")
     return records, blobs, dense
+
+
+def _check_codebook(where: str, name: str, rec: dict, blob: torch.Tensor) -> None:
+    """Refuse NaN or infinite levels μ_wk: they would decode to NaN or infinite weights. The codebook is the
+    blob's first section (docs/artifact.md) and small (W'·K <= 256² levels): checking it costs nothing."""
+    levels = blob[: rec["sections"].get("codebook", 0)].clone().view(FLOAT_DTYPES[rec["dtype"]])
+    bad = int((~torch.isfinite(levels)).sum())
+    if bad:
+        raise ValueError(
+            f"{where}: compressed tensor {name!r} has {bad} NaN or infinite codebook level(s): the file is "
+            "damaged or was saved from a non-finite posterior"
+        )
 
 
 def _uint8_entry(where: str, tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:

@@ -11,9 +11,11 @@ with the same draws as in memory for the same ``torch.Generator`` seed. The form
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,10 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._artifact_file import FORMAT_VERSION, MAGIC, PREFIX, Artifact, container, read_artifact
+from ._artifact_file import FORMAT_VERSION, MAGIC, PREFIX, Artifact, check_path, container, read_artifact
 from ._artifact_layout import FLOAT_DTYPES, encode
+from ._checks import check_flag, check_generator
 from ._safetensors_format import safetensors_chunks
-from .inference import BayesianAverage, check_flag, discrete_posteriors
+from .inference import BayesianAverage, check_arguments, discrete_posteriors
 from .layers import SQSLayer
 from .prepare import posteriors, prepared_config
 
@@ -93,11 +96,14 @@ def save(
 
     ``nonzero`` / ``per_layer`` decide the pruning as in :func:`sqs_core.greedy_` (None keeps what the
     pruning schedule left); ``include_alternatives`` stores what sampling and Bayesian averaging need.
+    A symlink at ``path`` is followed (its final target is rewritten); an existing file keeps its mode
+    bits; an existing folder, FIFO or device at ``path`` is refused untouched.
     """
     config = prepared_config(model)
     check_flag("per_layer", per_layer)
     check_flag("include_alternatives", include_alternatives)
-    target = Path(os.fspath(path))
+    target = check_path("path", path)
+    _target(target)  # refuse a folder, FIFO or device before the (costly) encoding
     dists = discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer, alternatives=include_alternatives)
     groups, sqs_paths = _layer_groups(model)
     records, blobs = [], []
@@ -124,6 +130,9 @@ def upgrade(source: str | os.PathLike, target: str | os.PathLike) -> None:
     the alternatives and every draw stay exactly as they were; only the bytes change (smaller header,
     escaped code layouts where they help). Atomic like :func:`save`; ``target`` may equal ``source``.
     """
+    check_path("source", source)
+    where = check_path("target", target)
+    _target(where)
     art = read_artifact(source)
     records, blobs = [], []
     for rec, d in zip(art.records, art.posteriors().values(), strict=True):
@@ -132,11 +141,11 @@ def upgrade(source: str | os.PathLike, target: str | os.PathLike) -> None:
         blobs.append(blob)
     keys = ("config", "nonzero", "per_layer", "alternatives")
     body = {**{k: art.header.get(k) for k in keys}, "compressed": records}
-    _write(Path(os.fspath(target)), body, blobs, art.dense)
-    log.info("upgraded %s (format %s) to %s", art.path, art.header["format_version"], os.fspath(target))
+    _write(where, body, blobs, art.dense)
+    log.info("upgraded %s (format %s) to %s", art.path, art.header["format_version"], where)
 
 
-def _write(path: Path, body: dict[str, Any], blobs: list[torch.Tensor], dense: dict[str, torch.Tensor]) -> int:
+def _write(path: str, body: dict[str, Any], blobs: list[torch.Tensor], dense: dict[str, torch.Tensor]) -> int:
     """Write the version-2 file of ``body`` (the header without magic, version, checksums and the writing
     library, added here), the records' blobs and the dense state atomically; returns its size in bytes."""
     from . import __version__  # here, not at import time: the package imports this module
@@ -148,15 +157,40 @@ def _write(path: Path, body: dict[str, Any], blobs: list[torch.Tensor], dense: d
     return sum(len(c) for c in chunks)
 
 
-def _atomic_write(path: Path, chunks: list[bytes | ctypes.Array]) -> None:
-    """Write ``chunks`` to a temporary file beside ``path``, fsync, then rename over it; nothing is left on error."""
+def _target(where: str) -> tuple[Path, int | None]:
+    """The file that writing to the user's path ``where`` replaces, symlinks followed to their final
+    target, and the mode bits it keeps (None: a new file, whose mode the umask decides). Refuses an
+    existing folder (IsADirectoryError), and a FIFO, socket or device (ValueError), leaving it untouched."""
+    real = Path(os.path.realpath(where))
+    try:
+        info = real.stat()
+    except FileNotFoundError:
+        return real, None
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not an artifact file", where)
+    if not stat.S_ISREG(info.st_mode):
+        via = f" (a link to {str(real)!r})" if os.path.abspath(where) != str(real) else ""
+        raise ValueError(f"{where!r}{via} is not a regular file (a FIFO, socket or device): not replacing it")
+    return real, stat.S_IMODE(info.st_mode)
+
+
+def _atomic_write(where: str, chunks: list[bytes | ctypes.Array]) -> None:
+    """Write ``chunks`` to a temporary file beside the file ``where`` names (see :func:`_target`), fsync, then
+    rename over it; nothing is left on error. A rename replaces the directory entry: hence writing beside
+    the symlink's target, not the symlink, and giving the temporary file the old file's mode first."""
+    path, mode = _target(where)
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:  # name the user's path, not the hidden temporary file
+        raise type(exc)(exc.errno, exc.strerror, where) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             for chunk in chunks:
                 handle.write(chunk)
             handle.flush()
+            if mode is not None:
+                os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -201,10 +235,17 @@ def _load_state(art: Artifact, skeleton: nn.Module, weights: dict[str, torch.Ten
 
 
 def _check_skeleton(skeleton: Any) -> None:
+    """A plain (not prepared) module whose tensors hold data: loading into meta tensors writes nothing."""
     if not isinstance(skeleton, nn.Module):
         raise ValueError(f"skeleton must be a torch.nn.Module, got {type(skeleton).__name__}")
     if any(isinstance(m, SQSLayer) for m in skeleton.modules()):
         raise ValueError("skeleton must be the plain model (not prepared for SQS)")
+    for key, value in skeleton.state_dict(keep_vars=True).items():
+        if isinstance(value, torch.Tensor) and value.is_meta:
+            raise ValueError(
+                f"skeleton tensor {key!r} is on the meta device (it holds no data to load into): materialise "
+                "the skeleton first, e.g. skeleton.to_empty(device='cpu'), then load"
+            )
 
 
 def load(
@@ -222,6 +263,7 @@ def load(
     _check_skeleton(skeleton)
     if mode not in ("greedy", "sample"):
         raise ValueError(f"mode must be 'greedy' or 'sample', got {mode!r}")
+    check_generator("generator", generator)
     if mode == "greedy" and generator is not None:
         raise ValueError("generator is only used with mode='sample'")
     art = read_artifact(path)
@@ -251,16 +293,19 @@ def load_bayesian_average(
     """Bayesian averaging (eq. infer-bam) of ``samples`` draws from the artifact, over ``skeleton``.
 
     Its outputs equal ``BayesianAverage(model, samples=samples, nonzero=..., generator=g)`` on the saved
-    model for a generator in the same state.
+    model for a generator in the same state. Every argument and the whole file are checked, and the draws
+    made, before the skeleton's weights are set.
     """
     _check_skeleton(skeleton)
+    check_arguments(samples, generator, average)
     art = read_artifact(path)
     _check_alternatives(art)
     params = _check_state(art, skeleton)
     dists = art.posteriors()
-    _load_state(art, skeleton, {name: d.weights() for name, d in dists.items()})
     setters = {rec["layers"][0]: _setter([params[f"{n}.weight"] for n in rec["layers"]]) for rec in art.records}
-    return BayesianAverage.from_parts(skeleton, dists, setters, samples=samples, generator=generator, average=average)
+    bam = BayesianAverage.from_parts(skeleton, dists, setters, samples=samples, generator=generator, average=average)
+    _load_state(art, skeleton, {name: d.weights() for name, d in dists.items()})
+    return bam
 
 
 def _setter(targets: list[torch.Tensor]) -> Callable[[torch.Tensor], None]:

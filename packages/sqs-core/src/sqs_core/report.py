@@ -152,6 +152,11 @@ class CompressionReport:
 
 def compression_report(path_or_model: str | os.PathLike | nn.Module, *, nonzero: float | None = None):
     """The :class:`CompressionReport` of an artifact file, or of a prepared model saved with ``nonzero``."""
+    if not isinstance(path_or_model, (str, os.PathLike, nn.Module)):
+        raise ValueError(
+            "path_or_model must be an artifact's path (str or os.PathLike) or a prepared torch.nn.Module, "
+            f"got {path_or_model!r} ({type(path_or_model).__name__})"
+        )
     if isinstance(path_or_model, nn.Module):
         with tempfile.TemporaryDirectory(prefix="sqs-report-") as folder:
             path = Path(folder) / "model.sqs"

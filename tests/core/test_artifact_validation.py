@@ -1,0 +1,225 @@
+"""Bad input to save / upgrade / load / load_bayesian_average / compression_report: a clear error, raised
+before anything changes (the skeleton's weights, the file or whatever else is at the target path)."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+import sqs_core as sqs
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqs_core import artifact as artifact_module
+from sqs_core.__main__ import main
+from sqs_core._artifact_file import read_artifact
+from torch import nn
+
+
+def mlp(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> tuple[nn.Module, Path]:
+    """(prepared model, its artifact at 50% non-zero, with alternatives to sample from)."""
+    model = mlp()
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4, temperature=0.5))
+    path = tmp_path_factory.mktemp("saved") / "m.sqs"
+    sqs.save(model, path, nonzero=0.5)
+    return model, path
+
+
+def _state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _unchanged(model: nn.Module, before: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def _resealed(source: Path, out: Path, edit) -> Path:
+    """A copy of ``source`` whose blobs ``edit(records, blobs)`` changed in place, every checksum valid
+    (what a writer with a bug, or an older version, could have produced)."""
+    art = read_artifact(source)
+    records = [dict(r) for r in art.records]
+    blobs = [art.blobs[r["layers"][0]].clone() for r in records]
+    edit(records, blobs)
+    keys = ("config", "nonzero", "per_layer", "alternatives")
+    body = {**{k: art.header.get(k) for k in keys}, "compressed": records}
+    artifact_module._write(out, body, blobs, dict(art.dense))
+    return out
+
+
+# -- 1. load_bayesian_average checks everything before it writes -----------------------------------------
+@pytest.mark.parametrize(
+    "kwargs", [{"samples": 0}, {"samples": 2.0}, {"samples": True}, {"average": "mean"}, {"generator": 5}]
+)
+def test_bad_bayesian_average_arguments_leave_the_skeleton(saved, kwargs):
+    _, path = saved
+    skeleton = mlp(7)
+    before = _state(skeleton)
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        sqs.load_bayesian_average(path, skeleton, **kwargs)
+    assert _unchanged(skeleton, before)
+
+
+# -- 2. writing through symlinks, never over FIFOs, keeping the mode -------------------------------------
+def test_save_through_a_symlink_rewrites_its_target(saved, tmp_path):
+    model, path = saved
+    real = tmp_path / "real.sqs"
+    real.write_bytes(b"old")
+    (tmp_path / "sub").mkdir()
+    link = tmp_path / "sub" / "link.sqs"
+    link.symlink_to(Path("..") / "real.sqs")  # relative, from another folder
+    chain = tmp_path / "chain.sqs"
+    chain.symlink_to(link)
+    sqs.save(model, chain, nonzero=0.5)
+    assert chain.is_symlink() and link.is_symlink()
+    assert real.read_bytes() == path.read_bytes()  # the same bytes as a plain save
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chain.sqs", "real.sqs", "sub"]
+    dangling = tmp_path / "dangling.sqs"
+    dangling.symlink_to(tmp_path / "new.sqs")
+    sqs.upgrade(path, dangling)
+    assert dangling.is_symlink() and (tmp_path / "new.sqs").read_bytes() == path.read_bytes()
+
+
+def test_fifo_target_is_refused_untouched(saved, tmp_path, capsys):
+    model, path = saved
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    for target, shown in ((fifo, repr(str(fifo))), (link, f"{str(link)!r} (a link to {str(fifo)!r})")):
+        with pytest.raises(ValueError, match="^" + re.escape(f"{shown} is not a regular file")):
+            sqs.save(model, target, nonzero=0.5)
+        with pytest.raises(ValueError, match="not a regular file"):
+            sqs.upgrade(path, target)
+    assert main(["upgrade", str(path), str(fifo)]) == 1
+    assert "not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and link.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "pipe"]
+
+
+@settings(max_examples=12)
+@given(mode=st.integers(0, 0o777).map(lambda m: m | 0o400))
+def test_an_existing_file_keeps_its_mode(saved, mode):
+    model, path = saved
+    with tempfile.TemporaryDirectory() as folder:
+        target = Path(folder) / "m.sqs"
+        target.write_bytes(b"old")
+        target.chmod(mode)
+        sqs.save(model, target, nonzero=0.5)
+        assert stat.S_IMODE(target.stat().st_mode) == mode
+        assert target.read_bytes() == path.read_bytes()
+        target.chmod(mode)
+        sqs.upgrade(target, target)
+        assert stat.S_IMODE(target.stat().st_mode) == mode
+
+
+def test_a_new_file_gets_the_umask_mode(saved, tmp_path):
+    model, _ = saved
+    old = os.umask(0o027)
+    try:
+        sqs.save(model, tmp_path / "new.sqs", nonzero=0.5)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new.sqs").stat().st_mode) == 0o640
+
+
+# -- 3. meta skeletons -----------------------------------------------------------------------------------
+def test_meta_skeleton_is_refused(saved):
+    _, path = saved
+    with torch.device("meta"):
+        skeleton = mlp()
+    for call in (sqs.load, sqs.load_bayesian_average):
+        with pytest.raises(ValueError, match=r"'0\.weight' is on the meta device.*to_empty"):
+            call(path, skeleton)
+    assert skeleton[0].weight.is_meta
+    loaded = sqs.load(path, skeleton.to_empty(device="cpu"))
+    reference = sqs.load(path, mlp(3))
+    assert all(
+        torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), reference.state_dict().values(), strict=True)
+    )
+
+
+# -- 4. non-finite codebooks and alternative probabilities -----------------------------------------------
+@settings(max_examples=15)
+@given(value=st.sampled_from([float("nan"), float("inf"), float("-inf")]), which=st.integers(0, 1), at=st.data())
+def test_non_finite_codebook_is_refused(saved, value, which, at):
+    _, path = saved
+
+    def poison(records, blobs):
+        levels = records[which]["sections"]["codebook"] // 4  # float32 levels, the blob's first section
+        blobs[which][: levels * 4].view(torch.float32)[at.draw(st.integers(0, levels - 1))] = value
+
+    with tempfile.TemporaryDirectory() as folder:
+        bad = _resealed(path, Path(folder) / "bad.sqs", poison)
+        skeleton = mlp(7)
+        before = _state(skeleton)
+        name = ["0", "2"][which]
+        with pytest.raises(ValueError, match=rf"'{name}' has 1 NaN or infinite codebook level"):
+            sqs.load(bad, skeleton)
+        with pytest.raises(ValueError, match="NaN or infinite codebook"):
+            sqs.compression_report(bad)
+        assert _unchanged(skeleton, before)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.5])
+def test_bad_alternative_probabilities_are_refused(saved, tmp_path, value):
+    _, path = saved
+
+    def poison(records, blobs):
+        assert records[1]["alternatives"] > 0  # alt_probs, float16, is the blob's last section
+        blobs[1][-2:] = torch.tensor([value], dtype=torch.float16).view(torch.uint8)
+
+    bad = _resealed(path, tmp_path / "bad.sqs", poison)
+    skeleton = mlp(7)
+    before = _state(skeleton)
+    with pytest.raises(ValueError, match="'2' has alternative probabilities that are NaN, infinite or negative"):
+        sqs.load(bad, skeleton, mode="sample", generator=torch.Generator())
+    with pytest.raises(ValueError, match="'2' has alternative probabilities"):
+        sqs.load_bayesian_average(bad, skeleton)
+    assert _unchanged(skeleton, before)
+    sqs.load(bad, skeleton)  # greedy weights need no alternatives
+
+
+# -- 5. clear errors naming the argument or the user's path ----------------------------------------------
+def test_bad_paths_and_arguments(saved, tmp_path):
+    model, path = saved
+    for bad in ("", None, 3, "a\0b"):
+        with pytest.raises(ValueError, match="path must"):
+            sqs.save(model, bad)
+        with pytest.raises(ValueError, match="path must"):
+            sqs.load(bad, mlp())
+        with pytest.raises(ValueError, match="target must"):
+            sqs.upgrade(path, bad)
+        with pytest.raises(ValueError, match="source must"):
+            sqs.upgrade(bad, tmp_path / "x.sqs")
+    with pytest.raises(ValueError, match="path_or_model must"):
+        sqs.compression_report(None)
+    with pytest.raises(ValueError, match="path must"):
+        sqs.compression_report("")
+    for call in (sqs.load, sqs.load_bayesian_average):
+        with pytest.raises(ValueError, match=r"generator must be a torch\.Generator or None, got 5"):
+            call(path, mlp(), **({"mode": "sample"} if call is sqs.load else {}), generator=5)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_directory_target_names_the_users_path(saved, tmp_path):
+    model, path = saved
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for write in (lambda: sqs.save(model, folder, nonzero=0.5), lambda: sqs.upgrade(path, folder)):
+        with pytest.raises(IsADirectoryError) as info:
+            write()
+        assert info.value.filename == str(folder)
+    with pytest.raises(FileNotFoundError) as missing:
+        sqs.save(model, tmp_path / "no" / "m.sqs", nonzero=0.5)
+    assert missing.value.filename == str(tmp_path / "no" / "m.sqs")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"] and not any(folder.iterdir())
