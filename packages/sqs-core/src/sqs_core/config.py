@@ -7,10 +7,15 @@ eq. lambda-prime), λ and σ_0 (the spike-and-slab prior, eq. marginal_prior).
 from __future__ import annotations
 
 import math
+import numbers
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
+
+import torch
+
+from ._checks import check_flag, check_int, check_open_unit, check_positive, check_real
 
 __all__ = ["CONFIG_VERSION", "GaussianPrior", "SQSConfig", "SpikeSlabPrior"]
 
@@ -27,14 +32,10 @@ OVERRIDABLE = ("num_components", "windows", "temperature", "responsibility", "co
 EXECUTION_DEFAULTS = {"compile_kernels": False}
 
 
-def _check_positive(name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-
-
-def _check_open_unit(name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
-        raise ValueError(f"{name} must lie in the open interval (0, 1), got {value!r}")
+# The posterior computes in float32 (posterior.py): a temperature it divides by must be a normal float32,
+# or 1/τ overflows (τ < 2^-126) or τ itself does (τ > FLT_MAX).
+_F32 = torch.finfo(torch.float32)
+_SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes a uint64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,8 +46,10 @@ class SpikeSlabPrior:
     slab_std: float = 1.0
 
     def __post_init__(self) -> None:
-        _check_open_unit("SpikeSlabPrior.keep_prob", self.keep_prob)
-        _check_positive("SpikeSlabPrior.slab_std", self.slab_std)
+        keep = check_open_unit("SpikeSlabPrior.keep_prob", self.keep_prob)
+        object.__setattr__(self, "keep_prob", _plain(self.keep_prob, keep))
+        std = check_positive("SpikeSlabPrior.slab_std", self.slab_std)
+        object.__setattr__(self, "slab_std", _plain(self.slab_std, std))
 
     @property
     def kind(self) -> str:
@@ -61,7 +64,8 @@ class GaussianPrior:
     slab_std: float = 1.0
 
     def __post_init__(self) -> None:
-        _check_positive("GaussianPrior.slab_std", self.slab_std)
+        std = check_positive("GaussianPrior.slab_std", self.slab_std)
+        object.__setattr__(self, "slab_std", _plain(self.slab_std, std))
 
     @property
     def kind(self) -> str:
@@ -69,6 +73,10 @@ class GaussianPrior:
 
 
 Prior = SpikeSlabPrior | GaussianPrior
+_PRIORS: dict[str, type[SpikeSlabPrior] | type[GaussianPrior]] = {
+    "spike_slab": SpikeSlabPrior,
+    "gaussian": GaussianPrior,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,30 +123,48 @@ class SQSConfig:
 
     def __post_init__(self) -> None:
         self._validate_shape_settings()
-        _check_positive("temperature", self.temperature)
-        _check_positive("gate_temperature", self.gate_temperature)
-        if not isinstance(self.kl_weight, (int, float)) or not (math.isfinite(self.kl_weight) and self.kl_weight >= 0):
-            raise ValueError(f"kl_weight must be a finite number >= 0, got {self.kl_weight!r}")
-        _check_open_unit("initial_keep_prob", self.initial_keep_prob)
-        if not math.isfinite(self.gate_init_spread) or self.gate_init_spread < 0:
-            raise ValueError(f"gate_init_spread must be finite and >= 0, got {self.gate_init_spread!r}")
+        self._validate_numbers()
         _check_choice("likelihood", self.likelihood, LIKELIHOODS)
         _check_choice("gate_init", self.gate_init, GATE_INITS)
         if not isinstance(self.prior, (SpikeSlabPrior, GaussianPrior)):
             raise ValueError(f"prior must be a SpikeSlabPrior or GaussianPrior, got {self.prior!r}")
-        if not isinstance(self.kmeans_iterations, int) or self.kmeans_iterations < 1:
-            raise ValueError(f"kmeans_iterations must be an int >= 1, got {self.kmeans_iterations!r}")
-        _check_bool("compile_kernels", self.compile_kernels)
-        if self.version != CONFIG_VERSION:
+        check_flag("train_weight", self.train_weight)
+        check_flag("compile_kernels", self.compile_kernels)
+        if check_int("version", self.version, 0) != CONFIG_VERSION:
             raise ValueError(f"unsupported config version {self.version!r} (this library: {CONFIG_VERSION})")
+        object.__setattr__(self, "version", CONFIG_VERSION)
+        _check_initial_gate_logits(self.gate_temperature, self.initial_keep_prob, self._spread_used())
         object.__setattr__(self, "include", _compile_patterns("include", self.include))
         object.__setattr__(self, "exclude", _compile_patterns("exclude", self.exclude))
         object.__setattr__(self, "overrides", _validate_overrides(self.overrides))
 
     def _validate_shape_settings(self) -> None:
-        _check_components(self.num_components)
+        object.__setattr__(self, "num_components", _check_components(self.num_components))
         _check_choice("windows", self.windows, WINDOW_KINDS)
         _check_choice("responsibility", self.responsibility, RESPONSIBILITY_KINDS)
+
+    def _validate_numbers(self) -> None:
+        """Checks every numeric field and stores it as a plain Python number (an int stays an int, so
+        ``to_dict`` writes what it was given)."""
+        values: dict[str, Any] = {
+            "temperature": _check_temperature("temperature", self.temperature),
+            "gate_temperature": _check_temperature("gate_temperature", self.gate_temperature),
+            "kl_weight": _check_non_negative("kl_weight", self.kl_weight),
+            "initial_keep_prob": _plain(
+                self.initial_keep_prob, check_open_unit("initial_keep_prob", self.initial_keep_prob)
+            ),
+            "gate_init_spread": _check_non_negative("gate_init_spread", self.gate_init_spread),
+            "kmeans_iterations": check_int("kmeans_iterations", self.kmeans_iterations, 1),
+            "seed": check_int("seed", self.seed, 0),
+        }
+        if values["seed"] > _SEED_MAX:
+            raise ValueError(f"seed must be an int in [0, 2**64 - 1] (torch.Generator.manual_seed), got {self.seed!r}")
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def _spread_used(self) -> float:
+        """How far below logit(initial_keep_prob) the initial gate logits reach (posterior._initial_gate_logits)."""
+        return self.gate_init_spread if self.gate_init == "magnitude" else 0.0
 
     def for_layer(self, name: str) -> SQSConfig | None:
         """The effective config of the layer ``name`` after overrides, or None if it is skipped."""
@@ -164,31 +190,76 @@ class SQSConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SQSConfig:
+        """The config ``to_dict`` wrote; a ValueError naming any key it could not have written."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"SQSConfig.from_dict needs a mapping, got {data!r} ({type(data).__name__})")
         data = dict(data)
-        prior = dict(data.pop("prior", {"kind": "spike_slab"}))
-        kind = prior.pop("kind", "spike_slab")
-        if kind == "spike_slab":
-            data["prior"] = SpikeSlabPrior(**prior)
-        elif kind == "gaussian":
-            data["prior"] = GaussianPrior(**prior)
-        else:
-            raise ValueError(f"unknown prior kind {kind!r}; expected 'spike_slab' or 'gaussian'")
-        data["include"] = tuple(data.get("include", ()))
-        data["exclude"] = tuple(data.get("exclude", ()))
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
-            raise ValueError(f"unknown SQSConfig fields: {sorted(unknown)}")
+            raise ValueError(f"unknown SQSConfig fields: {sorted(unknown, key=str)}")
+        if "prior" in data:
+            data["prior"] = _prior_from_dict(data["prior"])
         return cls(**data)
 
 
-def _check_components(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= 256:
+def _prior_from_dict(data: Any) -> Prior:
+    """The prior ``SQSConfig.to_dict`` wrote as ``{"kind": ..., **fields}``."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"prior must be a mapping {{'kind': 'spike_slab' | 'gaussian', ...}}, got {data!r}")
+    settings = dict(data)
+    kind = settings.pop("kind", "spike_slab")
+    if kind not in tuple(_PRIORS):
+        raise ValueError(f"unknown prior kind {kind!r}; expected 'spike_slab' or 'gaussian'")
+    prior_cls = _PRIORS[kind]
+    allowed = [f.name for f in fields(prior_cls)]
+    unknown = set(settings) - set(allowed)
+    if unknown:
+        raise ValueError(f"unknown {kind} prior fields: {sorted(unknown, key=str)}; allowed: {allowed}")
+    return prior_cls(**settings)
+
+
+def _plain(value: Any, checked: float) -> float:
+    """A checked number as a plain Python number: an integer stays an int (a NumPy float becomes a float)."""
+    return int(value) if isinstance(value, numbers.Integral) else checked
+
+
+def _check_non_negative(name: str, value: Any) -> float:
+    out = check_real(name, value)
+    if out < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return _plain(value, out)
+
+
+def _check_temperature(name: str, value: Any) -> float:
+    """τ or τ' as a plain number. The float32 posterior divides by it (φ = softmax(φ'/τ) with φ' in [0, 1],
+    λ̃ = sigmoid(s̃/τ') and ∂λ̃/∂s̃ ∝ 1/τ'), so it must be a normal float32: below 2^-126 1/τ overflows and
+    the forward or the gradients turn inf/NaN."""
+    out = check_positive(name, value)
+    if not _F32.tiny <= out <= _F32.max:
+        raise ValueError(
+            f"{name} must be a normal float32 number in [{_F32.tiny:.4g}, {_F32.max:.4g}] (the float32 posterior "
+            f"divides by it; below that 1/{name} overflows and the forward turns NaN), got {value!r}"
+        )
+    return _plain(value, out)
+
+
+def _check_initial_gate_logits(gate_temperature: float, initial_keep_prob: float, spread: float) -> None:
+    """The initial ℓ = s̃/τ' lie in [logit λ̃_0 − spread, logit λ̃_0] and are computed in float32, then stored as
+    s̃ = ℓ·τ' (posterior._initial_gate_logits): both must be finite, or λ̃ and the gate KL turn NaN."""
+    top = math.log(initial_keep_prob) - math.log1p(-initial_keep_prob)
+    reach = max(abs(top), abs(top - spread))
+    if reach * max(1.0, gate_temperature) > _F32.max * (1 - 2.0**-20):  # slack for float32 rounding
+        raise ValueError(
+            f"gate_temperature={gate_temperature!r} with gate_init_spread={spread!r} overflows float32: the initial "
+            f"gate logits ℓ = s̃/τ' span [logit(initial_keep_prob) - gate_init_spread, logit(initial_keep_prob)] "
+            f"and s̃ = ℓ·τ' is float32, so max|ℓ|·max(1, τ') must stay <= {_F32.max:.4g}; got max|ℓ| = {reach:.4g}"
+        )
+
+
+def _check_components(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 2 <= int(value) <= 256:
         raise ValueError(f"num_components (K) must be an int in [2, 256], got {value!r}")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return int(value)
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -197,13 +268,18 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 def _compile_patterns(name: str, patterns: Any) -> tuple[str, ...]:
+    """``patterns`` (a regular expression or an iterable of them) as a tuple, each checked to compile."""
     if isinstance(patterns, str):
         patterns = (patterns,)
+    if not isinstance(patterns, Iterable) or isinstance(patterns, (bytes, Mapping)):
+        raise ValueError(f"{name} must be a regular expression (str) or an iterable of them, got {patterns!r}")
     out = tuple(patterns)
     for pattern in out:
+        if not isinstance(pattern, str):
+            raise ValueError(f"{name} patterns must be str (regular expressions), got {pattern!r}")
         try:
             re.compile(pattern)
-        except (re.error, TypeError) as exc:
+        except re.error as exc:
             raise ValueError(f"{name} pattern {pattern!r} is not a valid regular expression: {exc}") from None
     return out
 
@@ -216,18 +292,24 @@ def _validate_overrides(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str,
         _compile_patterns("overrides", (pattern,))
         if not isinstance(settings, Mapping):
             raise ValueError(f"override for {pattern!r} must be a mapping, got {settings!r}")
-        bad = set(settings) - set(OVERRIDABLE)
-        if bad:
-            raise ValueError(f"override for {pattern!r} sets {sorted(bad)}; allowed keys: {OVERRIDABLE}")
-        if "num_components" in settings:
-            _check_components(settings["num_components"])
-        if "windows" in settings:
-            _check_choice("windows", settings["windows"], WINDOW_KINDS)
-        if "responsibility" in settings:
-            _check_choice("responsibility", settings["responsibility"], RESPONSIBILITY_KINDS)
-        if "temperature" in settings:
-            _check_positive("temperature", settings["temperature"])
-        if "compile_kernels" in settings:
-            _check_bool("compile_kernels", settings["compile_kernels"])
-        out[pattern] = dict(settings)
+        out[pattern] = _validate_override(pattern, settings)
+    return out
+
+
+def _validate_override(pattern: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    bad = set(settings) - set(OVERRIDABLE)
+    if bad:
+        raise ValueError(f"override for {pattern!r} sets {sorted(bad, key=str)}; allowed keys: {OVERRIDABLE}")
+    out = dict(settings)
+    if "num_components" in out:
+        out["num_components"] = _check_components(out["num_components"])
+    if "windows" in out:
+        _check_choice("windows", out["windows"], WINDOW_KINDS)
+    if "responsibility" in out:
+        _check_choice("responsibility", out["responsibility"], RESPONSIBILITY_KINDS)
+    if "temperature" in out:
+        out["temperature"] = _check_temperature("temperature", out["temperature"])
+    for flag in ("compile_kernels", "skip"):
+        if flag in out:
+            check_flag(f"overrides[{pattern!r}][{flag!r}]", out[flag])
     return out

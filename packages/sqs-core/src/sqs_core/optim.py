@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from ._checks import check_positive, check_real
 from .prepare import posteriors, prepared_config
 
 __all__ = ["param_groups"]
@@ -28,14 +29,13 @@ def param_groups(
     ``train_weight`` is set, and every other trainable parameter of the model (biases, norms, uncompressed
     layers) at ``other_lr`` (left out when None)."""
     prepared_config(model)
-    for name, lr in (
-        ("quant_lr", quant_lr),
-        ("gate_lr", gate_lr),
-        ("weight_lr", weight_lr),
-        ("other_lr", other_lr),
-    ):
-        if lr is not None and not lr > 0:
-            raise ValueError(f"{name} must be > 0, got {lr!r}")
+    quant_lr = check_positive("quant_lr", quant_lr)
+    gate_lr = check_positive("gate_lr", gate_lr)
+    weight_lr = None if weight_lr is None else check_positive("weight_lr", weight_lr)
+    other_lr = None if other_lr is None else check_positive("other_lr", other_lr)
+    other_weight_decay = check_real("other_weight_decay", other_weight_decay)
+    if other_weight_decay < 0:
+        raise ValueError(f"other_weight_decay must be a finite number >= 0, got {other_weight_decay!r}")
     quant, gates, weights = [], [], []
     for p in posteriors(model).values():
         quant += [p.means, p.log_stds, p.mixing_logits]

@@ -6,15 +6,19 @@
   default) gets mask 0, i.e. λ̃ = 0 in the forward pass and the KL. Masks are recomputed from the raw
   λ̃ at every update, so a pruned weight can return if others fall below it; after t_1 the mask is the
   target's. Starting the ramp after a warm-up (``start_fraction``) lets the gates learn first.
-* :class:`GateTemperatureSchedule` — τ' is halved after half of the steps.
+* :class:`GateTemperatureSchedule` — τ' is halved after half of the steps. τ'_0 is the prepared config's, so
+  τ' at step t depends on t alone: a fresh schedule on a model resumed from a checkpoint (whose τ' buffer
+  already holds τ'_0/2) sets the same τ' as an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
+from ._checks import check_flag, check_int, check_real
 from .prepare import posteriors, prepared_config
 from .selection import check_nonzero, keep_top_fraction
 
@@ -22,15 +26,19 @@ __all__ = ["GateTemperatureSchedule", "PruningSchedule"]
 
 
 def _check_steps(total_steps: int) -> int:
-    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0:
-        raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")
-    return total_steps
+    return check_int("total_steps", total_steps, 1)
 
 
 def _check_fraction(name: str, value: float) -> float:
-    if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+    out = check_real(name, value)
+    if not 0.0 <= out <= 1.0:
         raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
-    return float(value)
+    return out
+
+
+def _check_step(step: int) -> int:
+    """The training step t: an int >= 0 (a float such as NaN would compare False everywhere and do nothing)."""
+    return check_int("step", step, 0)
 
 
 class PruningSchedule:
@@ -48,21 +56,20 @@ class PruningSchedule:
         per_layer: bool = False,
     ) -> None:
         prepared_config(model)
-        self.target_nonzero = check_nonzero(target_nonzero)
+        self.target_nonzero = check_nonzero(target_nonzero, name="target_nonzero")
         self.total_steps = _check_steps(total_steps)
-        self.start = _check_fraction("start_fraction", start_fraction) * total_steps
-        self.end = _check_fraction("end_fraction", end_fraction) * total_steps
+        self.start = _check_fraction("start_fraction", start_fraction) * self.total_steps
+        self.end = _check_fraction("end_fraction", end_fraction) * self.total_steps
         if self.end < self.start:
             raise ValueError(f"end_fraction ({end_fraction}) must be >= start_fraction ({start_fraction})")
-        if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
-            raise ValueError(f"update_every must be an int >= 1, got {update_every!r}")
-        self.update_every = update_every
-        self.per_layer = per_layer
+        self.update_every = check_int("update_every", update_every, 1)
+        self.per_layer = check_flag("per_layer", per_layer)
         self.model = model
         self.current_nonzero = 1.0
 
     def nonzero_at(self, step: int) -> float:
         """The non-zero rate the schedule asks for at ``step``."""
+        step = _check_step(step)
         if step < self.start:
             return 1.0
         span = self.end - self.start
@@ -72,6 +79,7 @@ class PruningSchedule:
 
     def step(self, step: int) -> float:
         """Update the masks (every ``update_every`` steps and at the end); returns the current rate."""
+        step = _check_step(step)
         nonzero = self.nonzero_at(step)
         final = step >= self.end
         if step % self.update_every != 0 and not (final and not math.isclose(nonzero, self.current_nonzero)):
@@ -90,20 +98,28 @@ class PruningSchedule:
 
 
 class GateTemperatureSchedule:
-    """τ' ← τ'_0 · ``factor`` once ``step`` ≥ ``at_fraction`` · total_steps (paper: factor ½ at half)."""
+    """τ' ← τ'_0 · ``factor`` once ``step`` ≥ ``at_fraction`` · total_steps (paper: factor ½ at half), with τ'_0
+    the gate temperature of each layer's prepared config (not the live buffer, which may already be scaled)."""
 
     def __init__(self, model: nn.Module, *, total_steps: int, factor: float = 0.5, at_fraction: float = 0.5) -> None:
         prepared_config(model)
         self.total_steps = _check_steps(total_steps)
-        if not 0.0 < factor <= 1.0:
+        self.factor = check_real("factor", factor)
+        if not 0.0 < self.factor <= 1.0:
             raise ValueError(f"factor must lie in (0, 1], got {factor!r}")
-        self.at = _check_fraction("at_fraction", at_fraction) * total_steps
-        self.factor = factor
+        self.at = _check_fraction("at_fraction", at_fraction) * self.total_steps
         self.posteriors = list(posteriors(model).values())
-        self.initial = [float(p.gate_temperature) for p in self.posteriors]
+        self.initial = [float(p.config.gate_temperature) for p in self.posteriors]
+        tiny = torch.finfo(torch.float32).tiny
+        if any(tau0 * self.factor < tiny for tau0 in self.initial):
+            raise ValueError(
+                f"factor={factor!r} takes τ' = gate_temperature·factor below the smallest normal float32 ({tiny:.4g}), "
+                f"where 1/τ' overflows; gate_temperature is {min(self.initial)!r}"
+            )
 
     def step(self, step: int) -> float:
-        scale = self.factor if step >= self.at else 1.0
+        """Set τ' for ``step`` (an int >= 0); returns the factor applied to τ'_0."""
+        scale = self.factor if _check_step(step) >= self.at else 1.0
         for p, tau0 in zip(self.posteriors, self.initial, strict=True):
             p.gate_temperature.fill_(tau0 * scale)
         return scale

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from ._checks import check_real
 
 __all__ = ["check_nonzero", "keep_top_fraction"]
 
 
-def check_nonzero(nonzero: float) -> float:
-    if isinstance(nonzero, bool) or not isinstance(nonzero, (int, float)) or not 0.0 < nonzero <= 1.0:
-        raise ValueError(f"nonzero must lie in (0, 1], got {nonzero!r}")
-    return float(nonzero)
+def check_nonzero(nonzero: Any, *, name: str = "nonzero") -> float:
+    """``nonzero`` as a float if it is a real number (Python or NumPy, not a bool) in (0, 1]."""
+    if isinstance(nonzero, torch.Tensor):
+        raise ValueError(f"{name} must be a Python number in (0, 1], got a tensor {nonzero!r}: pass float(tensor)")
+    out = check_real(name, nonzero)
+    if not 0.0 < out <= 1.0:
+        raise ValueError(f"{name} must lie in (0, 1], got {nonzero!r}")
+    return out
 
 
 def _keep_top(scores: torch.Tensor, n_keep: int) -> torch.Tensor:
