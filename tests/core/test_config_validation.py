@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+from fractions import Fraction
 
-import numpy as np
 import pytest
 import sqs_core as sqs
 import torch
@@ -84,7 +84,7 @@ def test_a_new_schedule_sets_the_same_gate_temperature_as_the_first(resume, step
 
 # -- 2. flags are bools, not truthy values ----------------------------------------------------------------------
 
-NOT_BOOLS = ["no", "False", 0, 1, None, np.bool_(False)]
+NOT_BOOLS = ["no", "False", 0, 1, None]  # and NumPy's bool_: test_config_validation_numpy.py
 
 
 @pytest.mark.parametrize("bad", NOT_BOOLS)
@@ -126,7 +126,7 @@ def test_skip_false_keeps_the_layer():
         ({"exclude": b"fc"}, "exclude must be a regular expression"),
         ({"exclude": [3]}, "exclude patterns must be str"),
         ({"overrides": {"0": {"temperature": "1"}}}, "temperature must be a real number"),
-        ({"num_components": np.float64(4.0)}, "num_components"),
+        ({"num_components": Fraction(4)}, "num_components"),
     ],
 )
 def test_bad_config_values_raise_value_errors(kwargs, fragment):
@@ -167,7 +167,7 @@ def test_other_weight_decay_must_be_a_number_at_least_zero(bad):
 
 
 def test_learning_rates_are_stored_as_python_floats():
-    groups = sqs.param_groups(prepared(), quant_lr=np.float32(1e-3), other_lr=1)
+    groups = sqs.param_groups(prepared(), quant_lr=Fraction(1, 1000), other_lr=1)
     assert all(type(g["lr"]) is float for g in groups)
 
 
@@ -200,7 +200,7 @@ def test_pruning_schedule_fractions_are_named(name, bad):
         sqs.PruningSchedule(prepared(), target_nonzero=0.5, total_steps=4, **{name: bad})
 
 
-@pytest.mark.parametrize("value", [np.float32(0.5), np.float64(0.5), 1, np.int64(1)])
+@pytest.mark.parametrize("value", [Fraction(1, 2), 0.5, 1])
 def test_nonzero_accepts_real_numbers(value):
     out = check_nonzero(value)
     assert type(out) is float and out == float(value)
@@ -214,7 +214,7 @@ def test_nonzero_tensor_gets_a_clear_message():
         sqs.PruningSchedule(prepared(), target_nonzero=torch.tensor(0.5), total_steps=4)
 
 
-@pytest.mark.parametrize("bad", [np.float32(1.5), np.float32(0.0), "0.5", True])
+@pytest.mark.parametrize("bad", [Fraction(3, 2), Fraction(0), "0.5", True])
 def test_nonzero_out_of_range_or_not_a_number(bad):
     with pytest.raises(ValueError, match="nonzero"):
         check_nonzero(bad)
@@ -340,20 +340,21 @@ def test_integers_stay_integers_in_to_dict():
 
 @given(
     temperature=st.one_of(st.floats(1e-6, 10.0), st.integers(1, 10)),
-    as_numpy=st.booleans(),
+    as_fraction=st.booleans(),
     seed=st.integers(0, 2**64 - 1),
     components=st.integers(2, 256),
 )
-def test_numbers_are_stored_as_plain_python_numbers(temperature, as_numpy, seed, components):
-    if as_numpy:
-        temperature = np.float32(temperature) if isinstance(temperature, float) else np.int64(temperature)
-        seed, components = np.uint64(seed), np.int16(components)
+def test_numbers_are_stored_as_plain_python_numbers(temperature, as_fraction, seed, components):
+    """Any real number (here fractions.Fraction; NumPy scalars in test_config_validation_numpy.py) is stored
+    as a plain float or int, so the config serialises to JSON and back."""
+    if as_fraction:
+        temperature = Fraction(temperature)
     config = sqs.SQSConfig(
         temperature=temperature,
-        kl_weight=np.float64(0.5) if as_numpy else 0.5,
+        kl_weight=Fraction(1, 2) if as_fraction else 0.5,
         seed=seed,
         num_components=components,
-        prior=sqs.SpikeSlabPrior(keep_prob=np.float32(0.25) if as_numpy else 0.25),
+        prior=sqs.SpikeSlabPrior(keep_prob=Fraction(1, 4) if as_fraction else 0.25),
         overrides={"fc": {"temperature": temperature, "num_components": components}},
     )
     for value in (config.temperature, config.kl_weight, config.seed, config.num_components, config.prior.keep_prob):
