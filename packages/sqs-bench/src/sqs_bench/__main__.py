@@ -21,6 +21,16 @@ from sqs_bench.runner import METHODS, run_suite, suite_configs
 __all__ = ["main"]
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sqs_bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -32,14 +42,29 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--suite", default="default", help="default | cifar10 (recipes/suites.toml)")
     run.add_argument("--tier", default="cpu", choices=TIERS)
     run.add_argument("--data-dir", default=None, help="data folder (default: $SQS_DATA_DIR)")
-    run.add_argument("--out", default="runs/bench", type=Path, help="folder for result JSON files")
+    run.add_argument(
+        "--out",
+        default="runs/bench",
+        type=Path,
+        help="folder for result JSON files, <run_id>.json (created and write-tested before any compute); "
+        "use one folder per tier, since the run id does not hold the tier",
+    )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace results of the same runs already in --out (default: refuse before computing)",
+    )
     run.add_argument("--recipe", action="append", help="only these recipes of the suite (repeatable)")
     run.add_argument("--method", action="append", choices=METHODS, help="only these methods (repeatable)")
     run.add_argument("--label", action="append", help="only the runs with these labels (repeatable)")
     run.add_argument("--model", action="append", help="only the runs on these models (repeatable)")
-    run.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    run.add_argument(
+        "--threads", type=_positive_int, default=None, help="torch intra-op threads >= 1 (default: torch's)"
+    )
     report = commands.add_parser("report", parents=[common], help="markdown tables and PNG plots from JSON results")
-    report.add_argument("--results", required=True, type=Path)
+    report.add_argument(
+        "--results", required=True, type=Path, help="folder of result JSON files (read recursively), all of one tier"
+    )
     report.add_argument("--out", default=None, type=Path, help="output folder (default: --results)")
     report.add_argument("--prefix", default="results", help="name of the summary JSON files (<prefix>.json)")
     listing = commands.add_parser("list", parents=[common], help="list recipes and the runs of a suite")
@@ -60,18 +85,42 @@ def _print_result(result: dict) -> None:
     )
 
 
-def _run(args: argparse.Namespace) -> int:
-    def only(config: dict) -> bool:
-        return (
-            (args.recipe is None or config["recipe"] in args.recipe)
-            and (args.method is None or config["method"] in args.method)
-            and (args.label is None or config["label"] in args.label)
-            and (args.model is None or config["model"] in args.model)
-        )
+_FILTERS = ("recipe", "method", "label", "model")
 
+
+def _check_filters(args: argparse.Namespace) -> None:
+    """Each --recipe/--label/--model value names a run of the suite for the tier, and some run matches all."""
+    configs = suite_configs(args.suite, args.tier)
+    for key in ("recipe", "label", "model"):
+        known = sorted({str(c[key]) for c in configs})
+        unknown = [v for v in getattr(args, key) or () if v not in known]
+        if unknown:
+            raise ValueError(
+                f"unknown --{key} {', '.join(map(repr, unknown))} for suite {args.suite!r}, tier {args.tier!r}; "
+                f"known: {', '.join(known)}"
+            )
+    if not any(_selected(args, c) for c in configs):
+        chosen = " ".join(f"--{k} {v}" for k in _FILTERS for v in getattr(args, k) or ())
+        raise ValueError(f"no run of suite {args.suite!r} matches {chosen}")
+
+
+def _selected(args: argparse.Namespace, config: dict) -> bool:
+    return all(getattr(args, key) is None or config[key] in getattr(args, key) for key in _FILTERS)
+
+
+def _run(args: argparse.Namespace) -> int:
+    _check_filters(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)  # on a shared machine 1 thread per job avoids OpenMP spin-waits
-    results = run_suite(args.suite, args.tier, args.data_dir, args.out, on_result=_print_result, only=only)
+    results = run_suite(
+        args.suite,
+        args.tier,
+        args.data_dir,
+        args.out,
+        on_result=_print_result,
+        only=lambda config: _selected(args, config),
+        overwrite=args.overwrite,
+    )
     print(f"{len(results)} result(s) written to {args.out}")
     return 0
 

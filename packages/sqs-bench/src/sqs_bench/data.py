@@ -49,7 +49,8 @@ _ENV = "SQS_DATA_DIR"
 
 
 class DataNotFoundError(FileNotFoundError):
-    """A data file or folder the benchmark needs is missing; the message says which and where to get it."""
+    """A data file or folder the benchmark needs is missing or unreadable; the message says which and where to
+    get it."""
 
 
 def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
@@ -62,7 +63,8 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
         )
     path = Path(raw).expanduser()
     if not path.is_dir():
-        raise DataNotFoundError(f"data directory {path} does not exist (from {'argument' if data_dir else _ENV})")
+        state = "is not a folder" if path.exists() else "does not exist"
+        raise DataNotFoundError(f"data directory {path} {state} (from {'argument' if data_dir else _ENV})")
     return path
 
 
@@ -73,10 +75,17 @@ def _read_batch(path: Path, label_key: str = "labels") -> tuple[torch.Tensor, to
             f"missing CIFAR file {path}: download the CIFAR python version from {CIFAR10_URL} "
             f"and unpack it so that {path.parent.name}/{path.name} exists"
         )
-    with path.open("rb") as f:
-        batch = pickle.load(f, encoding="latin1")
-    data = torch.as_tensor(batch["data"], dtype=torch.uint8)  # (N, 3072), channel-major rows
-    labels = torch.as_tensor(batch[label_key], dtype=torch.int64)
+    try:
+        with path.open("rb") as f:
+            batch = pickle.load(f, encoding="latin1")
+        data = torch.as_tensor(batch["data"], dtype=torch.uint8)  # (N, 3072), channel-major rows
+        labels = torch.as_tensor(batch[label_key], dtype=torch.int64)
+    # a truncated or corrupted pickle raises almost anything (UnpicklingError, EOFError, KeyError, ...)
+    except Exception as err:
+        raise DataNotFoundError(
+            f"CIFAR file {path} is corrupted or truncated ({type(err).__name__}: {str(err)[:200]}); download the CIFAR "
+            f"python version again from {CIFAR10_URL} and unpack it so that {path.parent.name}/{path.name} exists"
+        ) from err
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.shape[0] != labels.shape[0]:
         raise ValueError(f"{path}: unexpected shapes data {tuple(data.shape)}, labels {tuple(labels.shape)}")
     return data.reshape(-1, 3, 32, 32), labels

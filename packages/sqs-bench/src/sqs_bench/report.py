@@ -9,6 +9,7 @@ in a separate table labelled as reported by the paper, never mixed into ours.
 from __future__ import annotations
 
 import functools
+import io
 import json
 import logging
 from collections import defaultdict
@@ -21,6 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from .config import load_recipe
+from .results import load_result_files, prepare_out_dir, write_atomic
 
 __all__ = ["build_report", "load_results", "rows", "summaries"]
 
@@ -28,13 +30,11 @@ logger = logging.getLogger(__name__)
 
 
 def load_results(results_dir: str | Path) -> list[dict[str, Any]]:
-    """Every result JSON under ``results_dir`` (recursively), sorted by run id."""
-    paths = sorted(Path(results_dir).rglob("*.json"))
-    results = [json.loads(p.read_text()) for p in paths]
-    results = [r for r in results if isinstance(r, dict) and "metrics" in r and "run_id" in r]
-    if not results:
-        raise FileNotFoundError(f"no result JSON files under {results_dir}")
-    return sorted(results, key=lambda r: r["run_id"])
+    """Every result JSON under ``results_dir`` (recursively), validated, sorted by run id.
+
+    Raises :class:`~sqs_bench.results.ResultFileError` naming the file and key of a damaged result, for
+    results of more than one tier, and for two results of the same run."""
+    return load_result_files(results_dir)
 
 
 def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -256,9 +256,10 @@ def _section(recipe: str, results: list[dict], out_dir: Path) -> str:
     ax.set_title(meta.get("title") or recipe, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    png = out_dir / f"{recipe}.png"
-    fig.savefig(png, dpi=120)
+    png, buffer = out_dir / f"{recipe}.png", io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
+    write_atomic(png, buffer.getvalue())
     lines += [table, "", _paper_table(paper), "", f"![{recipe}]({png.name})", ""]
     return "\n".join(lines)
 
@@ -315,8 +316,7 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None, *, 
     """Write ``report.md``, one PNG per recipe, ``<prefix>.json`` (Table 1 rows) and
     ``<prefix>_ablations.json`` into ``out_dir`` (default: ``results_dir``)."""
     results = load_results(results_dir)
-    out = Path(out_dir) if out_dir is not None else Path(results_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(out_dir if out_dir is not None else results_dir)
     by_recipe: dict[str, list[dict]] = defaultdict(list)
     for result in results:
         by_recipe[result["recipe"]].append(result)
@@ -331,11 +331,12 @@ def build_report(results_dir: str | Path, out_dir: str | Path | None = None, *, 
     ]
     parts += [_section(recipe, group, out) for recipe, group in sorted(by_recipe.items())]
     path = out / "report.md"
-    path.write_text("\n".join(parts))
+    write_atomic(path, "\n".join(parts))
     table1, ablations = summaries(results)
+    # allow_nan=False: a bare NaN is not JSON (the loaded results were checked finite already)
     if table1["rows"]:
-        (out / f"{prefix}.json").write_text(json.dumps(table1, indent=1) + "\n")
+        write_atomic(out / f"{prefix}.json", json.dumps(table1, indent=1, allow_nan=False) + "\n")
     if ablations["ablations"]:
-        (out / f"{prefix}_ablations.json").write_text(json.dumps(ablations, indent=1) + "\n")
+        write_atomic(out / f"{prefix}_ablations.json", json.dumps(ablations, indent=1, allow_nan=False) + "\n")
     logger.info("wrote %s (%d results)", path, len(results))
     return path

@@ -27,10 +27,11 @@ from sqs_bench import baselines
 from sqs_bench.config import expand_recipe, load_recipe, load_suite, suite_labels
 from sqs_bench.data import CIFAR10_URL, FULL_SIZES, CifarSplits, DataNotFoundError, load_splits
 from sqs_bench.models import load_model, require_timm
+from sqs_bench.results import OutputFolderError, prepare_out_dir, write_atomic
 from sqs_bench.stats import accuracy, paired_bootstrap_drop_ci
 from sqs_bench.train import Budget, predict
 
-__all__ = ["SCHEMA_VERSION", "git_commit", "machine", "run_config", "run_suite", "suite_configs"]
+__all__ = ["SCHEMA_VERSION", "check_outputs", "git_commit", "machine", "run_config", "run_suite", "suite_configs"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,35 @@ def check_requirements(configs: list[dict], data_dir: str | Path | None, cache: 
         if config["model"].startswith("timm:"):
             require_timm()
         _data(config, data_dir, cache)
+
+
+def _outputs(config: dict, out_dir: Path) -> list[Path]:
+    """The files a run writes: its result JSON and, for SQS, its artifact."""
+    paths = [out_dir / f"{config['run_id']}.json"]
+    if config["method"] == "sqs":
+        paths.append(out_dir / "artifacts" / f"{config['run_id']}.sqs")
+    return paths
+
+
+def _tier_of(path: Path) -> str:
+    try:
+        tier = json.loads(path.read_text()).get("tier", "?") if path.suffix == ".json" else None
+    except (OSError, ValueError, AttributeError):
+        tier = "unreadable"
+    return "" if tier is None else f" (tier {tier})"
+
+
+def check_outputs(configs: list[dict], out_dir: Path, *, overwrite: bool) -> None:
+    """Refuse, before any compute, to replace existing outputs of these runs unless ``overwrite``; the run id
+    does not hold the tier, so a ``cpu`` run would replace the ``smoke`` result of the same run."""
+    existing = [p for config in configs for p in _outputs(config, out_dir) if p.exists()]
+    if existing and not overwrite:
+        shown = ", ".join(f"{p.name}{_tier_of(p)}" for p in existing[:3])
+        more = f" and {len(existing) - 3} more" if len(existing) > 3 else ""
+        raise OutputFolderError(
+            f"{out_dir} already holds output(s) of these runs: {shown}{more}; pass --overwrite to replace "
+            "them, or choose another --out (e.g. one folder per tier)"
+        )
 
 
 def _checkpoint(config: dict) -> str | None:
@@ -212,14 +242,25 @@ def _metrics(config: dict, record: dict, fp32: dict, primary: dict, n_test: int)
     }
 
 
-def run_config(config: dict, data_dir: str | Path | None, out_dir: Path, cache: dict | None = None) -> dict:
-    """Run one configuration, write ``<out_dir>/<run_id>.json`` and return the result."""
-    cache = {} if cache is None else cache
+def _commit(cache: dict) -> str | None:
     # the commit of the code this process runs: read once per suite, before its first training, so a
     # commit made while a long suite runs is not recorded for results computed with the code loaded earlier
     if "git_commit" not in cache:
         cache["git_commit"] = git_commit()
-    commit = cache["git_commit"]
+    return cache["git_commit"]
+
+
+def run_config(
+    config: dict, data_dir: str | Path | None, out_dir: Path, cache: dict | None = None, *, overwrite: bool = False
+) -> dict:
+    """Run one configuration, write ``<out_dir>/<run_id>.json`` (atomically) and return the result.
+
+    Existing outputs of the run are replaced only with ``overwrite`` (logged as a warning), else
+    :class:`~sqs_bench.results.OutputFolderError` is raised before any compute."""
+    cache = {} if cache is None else cache
+    out_dir = prepare_out_dir(out_dir)
+    check_outputs([config], out_dir, overwrite=overwrite)
+    commit = _commit(cache)
     torch.manual_seed(config.get("seed", 0))
     data = _data(config, data_dir, cache)
     num_classes = _NUM_CLASSES[config.get("dataset", "cifar10")]
@@ -253,13 +294,18 @@ def run_config(config: dict, data_dir: str | Path | None, out_dir: Path, cache: 
         "fp32": fp32["test"].tolist(),
         **{ev["name"]: ev["test_preds"].tolist() for ev in evaluations},
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # predictions on one line each, the rest indented: readable and still small
-    text = json.dumps(result, indent=1)[:-2] + ',\n "predictions": ' + json.dumps(predictions) + "\n}\n"
-    (out_dir / f"{config['run_id']}.json").write_text(text)
+    _write_result(result, predictions, out_dir / f"{config['run_id']}.json")
     result["predictions"] = predictions
     logger.info("%s: acc %.2f (fp32 %.2f) in %.1fs", config["run_id"], primary["acc"], fp32["acc"], wall)
     return result
+
+
+def _write_result(result: dict, predictions: dict, path: Path) -> None:
+    if path.exists():
+        logger.warning("replacing %s%s (--overwrite)", path, _tier_of(path))
+    # predictions on one line each, the rest indented: readable and still small
+    text = json.dumps(result, indent=1)[:-2] + ',\n "predictions": ' + json.dumps(predictions) + "\n}\n"
+    write_atomic(path, text)
 
 
 def run_suite(
@@ -270,14 +316,20 @@ def run_suite(
     *,
     on_result: Callable[[dict], None] | None = None,
     only: Callable[[dict], bool] | None = None,
+    overwrite: bool = False,
 ) -> list[dict]:
-    """Run every configuration of ``suite`` × ``tier`` (optionally filtered by ``only``)."""
+    """Run every configuration of ``suite`` × ``tier`` (optionally filtered by ``only``).
+
+    Before any compute: the output folder is created and write-tested, existing outputs of these runs are
+    refused unless ``overwrite``, and every run's method, model library and data are checked."""
     configs = [c for c in suite_configs(suite, tier) if only is None or only(c)]
+    out = prepare_out_dir(out_dir)
+    check_outputs(configs, out, overwrite=overwrite)
     cache: dict = {}
     check_requirements(configs, data_dir, cache)
     results = []
     for config in configs:
-        result = run_config(config, data_dir, Path(out_dir), cache)
+        result = run_config(config, data_dir, out, cache, overwrite=overwrite)
         results.append(result)
         if on_result is not None:
             on_result(result)
