@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import _validate as check
+from ._io import check_output_dir, check_output_file, write_text_atomic
 from .checks import all_verdicts
 from .convergence import TIERS, write_study
 from .errata import build_errata, write_errata
@@ -20,8 +22,15 @@ COMMITTED_CONVERGENCE = Path("docs/results/theory/convergence.json")
 DEFAULT_DOC = Path("docs/theory.md")
 
 
+def _read_text(path: Path, flag: str) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read {flag} {path}: {exc.strerror or exc}") from None
+
+
 def _errata(args: argparse.Namespace) -> int:
-    path = write_errata(args.out)
+    path = write_errata(check_output_file(args.out, name="--out"))
     for e in build_errata() if args.verbose else ():
         print(f"{e.id:28s} {e.severity:12s} {e.location}")
     print(f"wrote {path}")
@@ -29,18 +38,22 @@ def _errata(args: argparse.Namespace) -> int:
 
 
 def _checks(args: argparse.Namespace) -> int:
-    verdicts = all_verdicts(n_random=args.n_random, seed=args.seed)
-    print(format_table(verdicts, detail_keys=args.details))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([v.to_dict() for v in verdicts], indent=2, default=float) + "\n")
-        print(f"wrote {args.json}")
+    n_random, seed = check.count("--n-random", args.n_random, low=1), check.seed("--seed", args.seed)
+    details = check.count("--details", args.details)
+    json_path = None if args.json is None else check_output_file(args.json, name="--json")
+    verdicts = all_verdicts(n_random=n_random, seed=seed)
+    print(format_table(verdicts, detail_keys=details))
+    if json_path is not None:
+        write_text_atomic(json_path, json.dumps([v.to_dict() for v in verdicts], indent=2, default=float) + "\n")
+        print(f"wrote {json_path}")
     return 0
 
 
 def _convergence(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    json_path, png_path = write_study(args.tier, args.out, threads=args.threads)
+    threads = check.count("--threads", args.threads, low=1)
+    out = check_output_dir(args.out, name="--out", files=("convergence.json", "convergence.png"))
+    json_path, png_path = write_study(args.tier, out, threads=threads)
     result = json.loads(json_path.read_text())
     for row in result["summary"]:
         print(f"n={row['n']:6d}  median d2={row['median']:.3g}  n*median={row['n_times_median']:.3g}  "
@@ -53,8 +66,15 @@ def _convergence(args: argparse.Namespace) -> int:
 def _docs(args: argparse.Namespace) -> int:
     from .docs import generated_blocks, render
 
-    result = json.loads(args.convergence.read_text()) if args.convergence.exists() else None
-    text = args.path.read_text()
+    text = _read_text(args.path, "--path")
+    if not args.check:
+        check_output_file(args.path, name="--path")
+    result = None
+    if args.convergence.exists():
+        try:
+            result = json.loads(_read_text(args.convergence, "--convergence"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--convergence {args.convergence} is not valid JSON: {exc}") from None
     new = render(text, generated_blocks(result))
     if args.check:
         if new != text:
@@ -62,7 +82,7 @@ def _docs(args: argparse.Namespace) -> int:
             return 1
         print(f"{args.path} is up to date")
         return 0
-    args.path.write_text(new)
+    write_text_atomic(args.path, new)
     print(f"wrote the generated blocks of {args.path}")
     return 0
 
@@ -102,8 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; a user error (bad value, unreadable or unwritable path) prints ``error: ...`` and returns 1."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except (ValueError, OSError) as exc:  # json.JSONDecodeError is a ValueError
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from . import _validate as check
 from . import appendix_a as A
 from . import appendix_b as B
 from . import appendix_b_rates as R
@@ -54,8 +55,9 @@ def random_posterior(rng: np.random.Generator, T: int, K: int, *, level_var: flo
 
 
 def appendix_a_verdicts(*, n_random: int = 20, seed: int = 0) -> list[Verdict]:
-    """Lemma mix, Step 2, Part 2, the dominant component and the plug-in likelihood."""
-    rng = np.random.default_rng(seed)
+    """Lemma mix, Step 2, Part 2, the dominant component and the plug-in likelihood (``n_random >= 1``)."""
+    n_random = check.count("n_random", n_random, low=1)
+    rng = np.random.default_rng(check.seed("seed", seed))
     mix = [A.check_lemma_mix(A.random_mixture(rng, 3), A.random_mixture(rng, 3)) for _ in range(n_random)]
     chain = [A.check_part2_chain(A.random_mixture(rng, 4), float(rng.uniform(0.1, 4))) for _ in range(n_random)]
     ident = [
@@ -123,7 +125,7 @@ def hspace_verdicts(*, seed: int = 0) -> list[Verdict]:
         for s in range(T + 1)
         for K in range(1, 4)
     )
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check.seed("seed", seed))
     gaps = []
     for _ in range(10):
         x = rng.normal(0, 2, 6)
@@ -162,5 +164,6 @@ def hspace_verdicts(*, seed: int = 0) -> list[Verdict]:
 
 
 def all_verdicts(*, n_random: int = 20, seed: int = 0) -> list[Verdict]:
-    """Every verdict, Appendix A first."""
+    """Every verdict, Appendix A first (``n_random >= 1`` random instances per bound, ``seed >= 0``)."""
+    n_random, seed = check.count("n_random", n_random, low=1), check.seed("seed", seed)
     return appendix_a_verdicts(n_random=n_random, seed=seed) + hspace_verdicts(seed=seed) + appendix_b_verdicts()

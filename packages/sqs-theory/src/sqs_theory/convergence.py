@@ -26,6 +26,8 @@ import sqs_core as sqs
 import torch
 from sqs_core import keep_top_fraction
 
+from . import _validate as check
+from ._io import check_output_dir, write_text_atomic
 from ._json import jsonable
 from .hellinger import bootstrap_slope_ci, fit_slope, hellinger_sq
 from .hspace import in_h
@@ -280,9 +282,17 @@ def _summary(points: list[dict]) -> list[dict]:
     return out
 
 
+def _tier(tier: Tier | str) -> Tier:
+    if isinstance(tier, Tier):
+        return tier
+    if isinstance(tier, str) and tier in TIERS:
+        return TIERS[tier]
+    raise ValueError(f"tier must be a Tier or one of {sorted(TIERS)}, got {tier!r}")
+
+
 def run_study(tier: Tier | str) -> dict:
     """Every fit of ``tier``; the slope of E_q̂ d² against n for the study variant, with 95% CIs."""
-    tier = TIERS[tier] if isinstance(tier, str) else tier
+    tier = _tier(tier)
     start = time.perf_counter()
     points = [q for n in tier.ns for seed in tier.seeds for q in fit_point(tier, n, seed)]
     theta0 = teacher_theta(make_teacher(tier.p, tier.width, seed=tier.teacher_seed))
@@ -336,7 +346,12 @@ def machine_info() -> dict:
 
 
 def write_study(tier: Tier | str, out_dir: Path, *, threads: int = 1) -> tuple[Path, Path]:
-    """Run ``tier`` with ``threads`` torch threads; write ``convergence.json`` and ``convergence.png``."""
+    """Run ``tier`` with ``threads >= 1`` torch threads; write ``convergence.json`` and ``convergence.png``.
+
+    The arguments and ``out_dir`` are checked before the study runs; the JSON is replaced atomically.
+    """
+    tier, threads = _tier(tier), check.count("threads", threads, low=1)
+    out_dir = check_output_dir(out_dir, name="out_dir", files=("convergence.json", "convergence.png"))
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)  # tiny models: threads only add overhead (and the machine is shared)
     try:
@@ -344,8 +359,6 @@ def write_study(tier: Tier | str, out_dir: Path, *, threads: int = 1) -> tuple[P
         result = {**run_study(tier), "started_utc": started, "machine": machine_info()}
     finally:
         torch.set_num_threads(previous)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / "convergence.json"
-    json_path.write_text(json.dumps(jsonable(result), indent=1, allow_nan=False) + "\n")
+    text = json.dumps(jsonable(result), indent=1, allow_nan=False) + "\n"
+    json_path = write_text_atomic(out_dir / "convergence.json", text)
     return json_path, plot_convergence(json.loads(json_path.read_text()), out_dir / "convergence.png")

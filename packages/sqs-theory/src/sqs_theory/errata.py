@@ -18,6 +18,7 @@ import numpy as np
 from . import appendix_a as A
 from . import appendix_b as B
 from . import appendix_b_rates as R
+from ._io import check_output_file, write_text_atomic
 from ._json import jsonable
 from .hspace import in_h, index_space_size
 from .kl import GaussianMixture, kl_spike_slab_smoothed
@@ -318,9 +319,10 @@ def build_errata() -> list[Erratum]:
 
 
 def write_errata(path: Path | str) -> Path:
-    """Write the errata as a JSON list of objects (location, statement, correction, witness, ...)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write the errata as a JSON list of objects (location, statement, correction, witness, ...).
+
+    ``path`` is checked before the witnesses are computed; the file is replaced atomically.
+    """
+    path = check_output_file(path, name="path")
     payload = [e.to_dict() for e in build_errata()]
-    path.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
-    return path
+    return write_text_atomic(path, json.dumps(payload, indent=2, allow_nan=False) + "\n")

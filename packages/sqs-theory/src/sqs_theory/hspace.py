@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import _validate as check
+
 __all__ = [
     "Projection",
     "in_h",
@@ -43,19 +45,20 @@ __all__ = [
 ]
 
 
-def _validate(s: int, K: int, B: float) -> None:
-    if int(s) != s or s < 0:
-        raise ValueError(f"s must be a non-negative integer, got {s!r}")
-    if int(K) != K or K < 1:
-        raise ValueError(f"K must be a positive integer, got {K!r}")
-    if not B > 0:
-        raise ValueError(f"B must be positive, got {B!r}")
+def _validate(s: int, K: int, B: float) -> tuple[int, int, float]:
+    """``(s, K, B)`` checked: s >= 0 and K >= 1 integers (returned as ``int``), B finite and > 0."""
+    return check.count("s", s), check.count("K", K, low=1), check.real("B", B, low=0.0, strict=True)
+
+
+def _vector(name: str, x: np.ndarray) -> np.ndarray:
+    """``x`` flattened to a float vector of finite reals."""
+    return check.finite_array(name, x).ravel()
 
 
 def in_h(theta: np.ndarray, *, s: int, K: int, B: float) -> bool:
     """Membership in H(T, s, K): ``||theta||_0 <= s``, <= K distinct non-zero values, all in [-B, B]."""
-    _validate(s, K, B)
-    theta = np.asarray(theta, dtype=float).ravel()
+    s, K, B = _validate(s, K, B)
+    theta = _vector("theta", theta)
     nz = theta[theta != 0]
     return bool(nz.size <= s and np.unique(nz).size <= K and np.all(np.abs(theta) <= B))
 
@@ -63,8 +66,9 @@ def in_h(theta: np.ndarray, *, s: int, K: int, B: float) -> bool:
 def index_decomposition(theta: np.ndarray, *, s: int, K: int, B: float) -> tuple[np.ndarray, np.ndarray]:
     """A witness ``(I, E)`` with ``theta = I E``, ``I in I(T, s, K)``, ``E in [-B, B]^K``."""
     if not in_h(theta, s=s, K=K, B=B):
-        raise ValueError("theta is not in H(T, s, K)")
-    theta = np.asarray(theta, dtype=float).ravel()
+        raise ValueError(f"theta is not in H(T, s={s}, K={K}) with B={B}")
+    K = check.count("K", K, low=1)
+    theta = _vector("theta", theta)
     levels = np.unique(theta[theta != 0])
     E = np.concatenate([levels, np.zeros(K - levels.size)])
     index = (theta[:, None] == levels[None, :]).astype(np.int8)  # (T, #levels), one-hot rows
@@ -73,14 +77,16 @@ def index_decomposition(theta: np.ndarray, *, s: int, K: int, B: float) -> tuple
 
 
 def index_space_size(T: int, s: int, K: int) -> int:
-    """``|I(T, s, K)| = sum_{j=0}^{min(s,T)} C(T, j) K^j`` (exact integer)."""
-    _validate(s, K, 1.0)
+    """``|I(T, s, K)| = sum_{j=0}^{min(s,T)} C(T, j) K^j`` (exact integer; T, s >= 0 and K >= 1 integers)."""
+    T, (s, K, _) = check.count("T", T), _validate(s, K, 1.0)
     return sum(math.comb(T, j) * K**j for j in range(min(s, T) + 1))
 
 
 def index_space_size_sympy(T: int, s: int, K: int) -> int:
     """The same count through sympy's symbolic summation (independent exact arithmetic)."""
     import sympy  # deferred: importing sympy costs ~0.5 s and only this function needs it
+
+    T, (s, K, _) = check.count("T", T), _validate(s, K, 1.0)
 
     j = sympy.Symbol("j", integer=True, nonnegative=True)
     total = sympy.summation(sympy.binomial(T, j) * sympy.Integer(K) ** j, (j, 0, min(s, T)))
@@ -89,7 +95,7 @@ def index_space_size_sympy(T: int, s: int, K: int) -> int:
 
 def index_space_size_brute(T: int, s: int, K: int) -> int:
     """Count I(T, s, K) by enumerating every row choice in {0, e_1, ..., e_K}^T (small T only)."""
-    _validate(s, K, 1.0)
+    T, (s, K, _) = check.count("T", T), _validate(s, K, 1.0)
     if (K + 1) ** T > 2_000_000:
         raise ValueError(f"(K+1)^T = {(K + 1) ** T} is too many to enumerate")
     return sum(1 for rows in itertools.product(range(K + 1), repeat=T) if sum(r > 0 for r in rows) <= s)
@@ -117,8 +123,8 @@ def _run_cost(s1: np.ndarray, s2: np.ndarray, a: int, e: int, B: float) -> tuple
 
 def project_exact(x: np.ndarray, *, s: int, K: int, B: float) -> Projection:
     """Exact projection onto H(T, s, K) by dynamic programming over the sorted entries."""
-    _validate(s, K, B)
-    x = np.asarray(x, dtype=float).ravel()
+    s, K, B = _validate(s, K, B)
+    x = _vector("x", x)
     T, s = x.size, min(s, x.size)
     order = np.argsort(x, kind="stable")
     xs = x[order]
@@ -153,8 +159,8 @@ def project_exact(x: np.ndarray, *, s: int, K: int, B: float) -> Projection:
 
 def project_brute(x: np.ndarray, *, s: int, K: int, B: float) -> Projection:
     """Projection by enumerating I(T, s, K), with ``E_k = clip(mean of its entries)`` (tests only)."""
-    _validate(s, K, B)
-    x = np.asarray(x, dtype=float).ravel()
+    s, K, B = _validate(s, K, B)
+    x = _vector("x", x)
     best_cost, best = float((x**2).sum()), np.zeros_like(x)
     for j in range(1, min(s, x.size) + 1):
         labels = np.array(list(itertools.product(range(K), repeat=j)))  # (A, j)
@@ -178,8 +184,8 @@ def quantize_exact(values: np.ndarray, *, K: int, B: float) -> Projection:
 
     Exact DP over the sorted values (groups are contiguous runs): O(K n^2) time, O(K n) memory.
     """
-    _validate(0, K, B)
-    v = np.asarray(values, dtype=float).ravel()
+    _, K, B = _validate(0, K, B)
+    v = _vector("values", values)
     n = v.size
     if n == 0:
         return Projection(theta=v.copy(), cost=0.0, method="quantize-exact")
@@ -237,10 +243,11 @@ def project_heuristic(x: np.ndarray, *, s: int, K: int, B: float, max_iter: int 
     Start from the top-s magnitudes; then alternate (a) the K-level quantization of the current
     support (:func:`quantize_exact`, or 1-D Lloyd above 4000 entries) and (b) the best support for
     the current levels (keep the s entries with the largest positive saving
-    ``x_i^2 - min_k (x_i - c_k)^2``).
+    ``x_i^2 - min_k (x_i - c_k)^2``). ``max_iter >= 1`` rounds.
     """
-    _validate(s, K, B)
-    x = np.asarray(x, dtype=float).ravel()
+    s, K, B = _validate(s, K, B)
+    max_iter = check.count("max_iter", max_iter, low=1)
+    x = _vector("x", x)
     support = np.argsort(-np.abs(x), kind="stable")[: min(s, x.size)]
     theta, cost = np.zeros_like(x), float((x**2).sum())
     for _ in range(max_iter):

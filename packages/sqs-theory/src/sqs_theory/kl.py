@@ -32,6 +32,8 @@ import numpy as np
 from scipy import integrate
 from scipy.special import logsumexp, xlogy
 
+from . import _validate as check
+
 __all__ = [
     "GaussianMixture",
     "kl_bernoulli",
@@ -96,14 +98,25 @@ class GaussianMixture:
 
 
 def kl_gaussian(mu1: Any, var1: Any, mu0: Any, var0: Any) -> np.ndarray:
-    """Closed-form ``KL(N(mu1, var1) || N(mu0, var0))`` (the summand of ``Part 2``)."""
-    mu1, var1, mu0, var0 = (np.asarray(a, dtype=float) for a in (mu1, var1, mu0, var0))
+    """Closed-form ``KL(N(mu1, var1) || N(mu0, var0))`` (the summand of ``Part 2``); finite means, variances > 0."""
+    mu1, mu0 = check.finite_array("mu1", mu1), check.finite_array("mu0", mu0)
+    var1, var0 = check.finite_array("var1", var1, positive=True), check.finite_array("var0", var0, positive=True)
+    try:
+        np.broadcast_shapes(mu1.shape, var1.shape, mu0.shape, var0.shape)
+    except ValueError:
+        shapes = ", ".join(
+            f"{k} {a.shape}" for k, a in zip(("mu1", "var1", "mu0", "var0"), (mu1, var1, mu0, var0), strict=True)
+        )
+        raise ValueError(f"the arguments must broadcast together, got shapes {shapes}") from None
     return 0.5 * (np.log(var0 / var1) + (var1 + (mu1 - mu0) ** 2) / var0 - 1.0)
 
 
 def kl_bernoulli(a: Any, b: Any) -> np.ndarray:
-    """Closed-form ``KL(Bern(a) || Bern(b))`` with ``0 log 0 = 0`` (the second term of ``approx_elbo``)."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    """Closed-form ``KL(Bern(a) || Bern(b))`` with ``0 log 0 = 0`` (the second term of ``approx_elbo``).
+
+    ``a, b`` are probabilities in [0, 1]; the KL is ``inf`` where ``b`` is 0 or 1 and ``a != b``.
+    """
+    a, b = check.probability_array("a", a), check.probability_array("b", b)
     return xlogy(a, a) - xlogy(a, b) + xlogy(1 - a, 1 - a) - xlogy(1 - a, 1 - b)
 
 
@@ -143,6 +156,12 @@ def _scalar_logpdf(mix: GaussianMixture) -> Callable[[float], float]:
     return logpdf
 
 
+def _check_mixtures(p: GaussianMixture, q: GaussianMixture) -> None:
+    for name, mix in (("p", p), ("q", q)):
+        if not isinstance(mix, GaussianMixture):
+            raise ValueError(f"{name} must be a GaussianMixture, got {type(mix).__name__}")
+
+
 def kl_mixture(p: GaussianMixture, q: GaussianMixture, *, epsabs: float = 1e-14) -> float:
     """``KL(p || q)`` for 1-D Gaussian mixtures by adaptive quadrature (reference, ~1e-10 accurate).
 
@@ -150,7 +169,7 @@ def kl_mixture(p: GaussianMixture, q: GaussianMixture, *, epsabs: float = 1e-14)
     split at every component mean and at ``mean +- {1, 3, 8, 20} sd`` of both mixtures so that narrow
     components are never stepped over.
     """
-
+    _check_mixtures(p, q)
     logp, logq = _scalar_logpdf(p), _scalar_logpdf(q)
 
     def integrand(x: float) -> float:
@@ -168,6 +187,8 @@ def kl_mixture(p: GaussianMixture, q: GaussianMixture, *, epsabs: float = 1e-14)
 
 def kl_mixture_mp(p: GaussianMixture, q: GaussianMixture, *, dps: int = 30) -> float:
     """High-precision fallback for ``KL(p || q)``: mpmath tanh-sinh quadrature at ``dps`` digits."""
+    _check_mixtures(p, q)
+    check.count("dps", dps, low=1)
 
     def logpdf_mp(mix: GaussianMixture, x: Any) -> Any:
         terms = [
@@ -198,10 +219,17 @@ def kl_spike_slab(lam_tilde: float, slab: GaussianMixture, lam: float, sigma0_sq
 
     Exact: ``KL(Bern(lt) || Bern(lam)) + lt * KL(GMM || N(0, sigma0^2))`` (see the module docstring).
     """
-    if not (0.0 <= lam_tilde <= 1.0 and 0.0 < lam < 1.0 and sigma0_sq > 0):
-        raise ValueError(f"need 0<=lam_tilde<=1, 0<lam<1, sigma0_sq>0; got {lam_tilde, lam, sigma0_sq}")
+    _check_spike_slab(lam_tilde, slab, sigma0_sq)
+    check.real("lam", lam, low=0.0, high=1.0, strict=True)
     slab_kl = kl_mixture(slab, GaussianMixture.single(0.0, sigma0_sq)) if lam_tilde > 0 else 0.0
     return float(kl_bernoulli(lam_tilde, lam)) + lam_tilde * slab_kl
+
+
+def _check_spike_slab(lam_tilde: float, slab: GaussianMixture, sigma0_sq: float) -> None:
+    check.real("lam_tilde", lam_tilde, low=0.0, high=1.0)
+    check.real("sigma0_sq", sigma0_sq, low=0.0, strict=True)
+    if not isinstance(slab, GaussianMixture):
+        raise ValueError(f"slab must be a GaussianMixture, got {type(slab).__name__}")
 
 
 def _two_part(weight: float, slab: GaussianMixture, other: GaussianMixture) -> GaussianMixture:
@@ -222,6 +250,9 @@ def kl_spike_slab_smoothed(
     As ``spike_sd -> 0`` this converges to the exact spike-and-slab KL; it is an independent numerical
     route to :func:`kl_spike_slab` that never uses the singular decomposition.
     """
+    _check_spike_slab(lam_tilde, slab, sigma0_sq)
+    check.real("lam", lam, low=0.0, high=1.0, strict=True)
+    check.real("spike_sd", spike_sd, low=0.0, strict=True)
     spike = GaussianMixture.single(0.0, spike_sd**2)
     q = _two_part(lam_tilde, slab, spike)
     pi = _two_part(lam, GaussianMixture.single(0.0, sigma0_sq), spike)
@@ -233,5 +264,6 @@ def kl_gaussian_prior_variant(lam_tilde: float, slab: GaussianMixture, sigma0_sq
 
     A genuine mixture KL (no singular parts), computed by quadrature.
     """
+    _check_spike_slab(lam_tilde, slab, sigma0_sq)
     n0 = GaussianMixture.single(0.0, sigma0_sq)
     return kl_mixture(_two_part(lam_tilde, slab, n0), n0)

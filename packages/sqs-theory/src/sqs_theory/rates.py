@@ -4,6 +4,10 @@ Symbols: ``n`` samples, ``L`` hidden layers of width ``N``, input dimension ``p`
 (``s*`` in the paper), ``delta`` the log-power.  ``T`` is the number of network parameters; the paper
 never writes it out, we use ``T = (p + 1) N + (L - 1)(N + 1) N + (N + 1)`` (weights and biases of an
 L-hidden-layer, width-N, scalar-output network).  Logarithms are natural.
+
+Domains (checked; a ``ValueError`` names the bad argument): ``L, N, p, T >= 1`` integers (an integral float
+such as ``2.0`` is taken as the int), ``s > 0`` and ``delta > 0`` finite reals, ``n >= 1`` finite, and
+``n > 1`` wherever a power ``log^a(n)`` appears (``eps_n``, ``s_n``, ``lambda_condition_max_m``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from . import _validate as check
 
 __all__ = [
     "GridPoint",
@@ -28,27 +34,47 @@ __all__ = [
 ]
 
 
+def _architecture(L: int, N: int, p: int) -> tuple[int, int, int]:
+    return check.count("L", L, low=1), check.count("N", N, low=1), check.count("p", p, low=1)
+
+
+def _n(n: float, *, log_power: bool = False) -> float:
+    """The sample size: finite, >= 1 (> 1 where ``log^a(n)`` is raised to a power)."""
+    return check.real("n", n, low=1.0, strict=log_power)
+
+
+def _delta(delta: float) -> float:
+    return check.real("delta", delta, low=0.0, strict=True)
+
+
+def _s(s: float) -> float:
+    return check.real("s", s, low=0.0, strict=True)
+
+
 def n_params(L: int, N: int, p: int) -> int:
     """``T``: weights and biases of an L-hidden-layer, width-N network with p inputs and one output."""
-    if min(L, N, p) < 1:
-        raise ValueError(f"L, N, p must be >= 1, got {L, N, p}")
+    L, N, p = _architecture(L, N, p)
     return (p + 1) * N + (L - 1) * (N + 1) * N + (N + 1)
 
 
 def r_n(n: float, L: int, N: int, s: float, p: int) -> float:
     """``r_n(L, p, s) = ((L + 1) s / n) log N + (s / n) log(p sqrt(n / s))`` (Appendix B, eq. def_sstar)."""
-    if not (n > 0 and s > 0):
-        raise ValueError(f"n and s must be positive, got {n, s}")
+    n, s, (L, N, p) = _n(n), _s(s), _architecture(L, N, p)
     return (L + 1) * s / n * math.log(N) + s / n * math.log(p * math.sqrt(n / s))
 
 
 def eps_n(n: float, L: int, N: int, s: float, p: int, delta: float) -> float:
-    """``eps_n = sqrt(r_n) log^delta(n)`` (Lemma ``lmbound1``)."""
+    """``eps_n = sqrt(r_n) log^delta(n)`` (Lemma ``lmbound1``); ``n > 1``, ``delta > 0``."""
+    _n(n, log_power=True)
+    _delta(delta)
     return math.sqrt(r_n(n, L, N, s, p)) * math.log(n) ** delta
 
 
 def s_n(s: float, n: float, delta: float) -> float:
-    """``s_n = s* log^(2 delta - 1)(n)`` (Section 3.2, before Lemma ``lmbound1``)."""
+    """``s_n = s* log^(2 delta - 1)(n)`` (Section 3.2, before Lemma ``lmbound1``); s > 0, n > 1, delta > 0."""
+    _s(s)
+    _n(n, log_power=True)
+    _delta(delta)
     return s * math.log(n) ** (2 * delta - 1)
 
 
@@ -57,7 +83,8 @@ def neg_log_lambda(n: float, L: int, N: int, p: int, delta: float, *, T: int | N
 
     ``T`` defaults to :func:`n_params` (weights and biases); pass the parameter count of another architecture.
     """
-    T = n_params(L, N, p) if T is None else T
+    n, delta, (L, N, p) = _n(n), _delta(delta), _architecture(L, N, p)
+    T = n_params(L, N, p) if T is None else check.count("T", T, low=1)
     return math.log(T) + delta * ((L + 1) * math.log(N) + math.log(math.sqrt(n) * p))
 
 
@@ -65,7 +92,12 @@ def lambda_condition_max_m(n: float, L: int, N: int, s: float, p: int, delta: fl
     """Largest ``M`` with ``lambda <= T^-1 exp(-M n r_n / s_n)`` for the Theorem's lambda.
 
     Lemma ``lmbound1`` needs this for a diverging ``M``: ``M_max = (-log lambda - log T) s_n / (n r_n)``.
+    ``n > 1``, ``s > 0``, ``delta > 0``.
     """
+    _n(n, log_power=True)
+    _s(s)
+    _delta(delta)
+    _architecture(L, N, p)
     margin = neg_log_lambda(n, L, N, p, delta) - math.log(n_params(L, N, p))
     return margin * s_n(s, n, delta) / (n * r_n(n, L, N, s, p))
 

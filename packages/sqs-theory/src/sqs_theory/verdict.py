@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import _validate as check
+
 __all__ = [
     "KINDS",
     "Kind",
@@ -124,7 +126,8 @@ def markdown_cell(text: str) -> str:
 
 
 def format_table(verdicts: Sequence[Verdict], *, detail_keys: int = 3) -> str:
-    """A plain-text table: name | kind | holds | location | first few details."""
+    """A plain-text table: name | kind | holds | location | first ``detail_keys >= 0`` details."""
+    detail_keys = check.count("detail_keys", detail_keys)
     rows = [("check", "kind", "claim holds", "location", "details")]
     for v in verdicts:
         rows.append((v.name, v.kind, "yes" if v.holds else "NO", v.location, _first_details(v, detail_keys)))
@@ -139,6 +142,7 @@ def format_table(verdicts: Sequence[Verdict], *, detail_keys: int = 3) -> str:
 
 def format_markdown(verdicts: Sequence[Verdict], *, detail_keys: int = 3) -> str:
     """The table of :func:`format_table` as GitHub markdown (``|`` in text escaped)."""
+    detail_keys = check.count("detail_keys", detail_keys)
     lines = ["| check | kind | claim holds | location | details |", "| --- | --- | --- | --- | --- |"]
     for v in verdicts:
         row = (v.name, v.kind, "yes" if v.holds else "**NO**", v.location, _first_details(v, detail_keys))

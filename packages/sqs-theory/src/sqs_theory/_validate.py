@@ -1,0 +1,79 @@
+"""Argument checks shared by the public functions: each raises ``ValueError`` naming the parameter and value.
+
+The checks never alter a valid value (a float stays the same float), except that an integral count given
+as a float (``2.0``) is returned as the exact ``int``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+__all__ = ["count", "finite_array", "probability_array", "real", "seed"]
+
+
+def real(name: str, value: Any, *, low: float = -math.inf, high: float = math.inf, strict: bool = False) -> Any:
+    """A finite real scalar in ``[low, high]`` (``(low, high)`` when ``strict``); returned unchanged."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a finite real number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    outside = value <= low or value >= high if strict else value < low or value > high
+    if outside:
+        if high == math.inf:
+            where = f"{'>' if strict else '>='} {low:g}"
+        else:
+            where = f"in {'(' if strict else '['}{low:g}, {high:g}{')' if strict else ']'}"
+        raise ValueError(f"{name} must be {where}, got {value!r}")
+    return value
+
+
+def count(name: str, value: Any, *, low: int = 0) -> int:
+    """An integer ``>= low`` (an integral float such as ``2.0`` is accepted and returned as ``2``)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if not (math.isfinite(value) and value == int(value) and value >= low):
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def seed(name: str, value: Any) -> int:
+    """A seed for ``numpy.random.default_rng``: a non-negative integer."""
+    return count(name, value, low=0)
+
+
+def finite_array(name: str, value: Any, *, positive: bool = False) -> np.ndarray:
+    """``value`` as a float array (same conversion as ``np.asarray(value, dtype=float)``), all entries finite
+    (and ``> 0`` when ``positive``); complex and non-numeric input is refused, not silently converted."""
+    raw = np.asarray(value)
+    if np.iscomplexobj(raw):
+        raise ValueError(f"{name} must be real, got complex {_first(raw, np.ones(raw.shape, bool))}")
+    if raw.dtype.kind not in "biuf":
+        try:
+            raw = np.asarray(value, dtype=float)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be real numbers, got {value!r:.80}") from None
+    arr = np.asarray(raw, dtype=float)
+    bad = ~np.isfinite(arr) | ((arr <= 0) if positive else False)
+    if np.any(bad):
+        raise ValueError(f"{name} must be {'finite and > 0' if positive else 'finite'}, got {_first(arr, bad)}")
+    return arr
+
+
+def probability_array(name: str, value: Any) -> np.ndarray:
+    """``value`` as a float array of probabilities in ``[0, 1]``."""
+    arr = finite_array(name, value)
+    bad = (arr < 0) | (arr > 1)
+    if np.any(bad):
+        raise ValueError(f"{name} must be a probability in [0, 1], got {_first(arr, bad)}")
+    return arr
+
+
+def _first(arr: np.ndarray, bad: np.ndarray) -> str:
+    """The first flagged entry, with its index when ``arr`` is not a scalar."""
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    value = arr[index].item()
+    return f"{value!r} at index {index[0] if len(index) == 1 else index}" if index else repr(value)
