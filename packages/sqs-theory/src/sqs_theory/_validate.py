@@ -19,9 +19,10 @@ def real(name: str, value: Any, *, low: float = -math.inf, high: float = math.in
     """A finite real scalar in ``[low, high]`` (``(low, high)`` when ``strict``); returned unchanged."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    if not math.isfinite(value):
+    number = float(value)
+    if not math.isfinite(number):
         raise ValueError(f"{name} must be finite, got {value!r}")
-    outside = value <= low or value >= high if strict else value < low or value > high
+    outside = number <= low or number >= high if strict else number < low or number > high
     if outside:
         if high == math.inf:
             where = f"{'>' if strict else '>='} {low:g}"
@@ -35,9 +36,16 @@ def count(name: str, value: Any, *, low: int = 0) -> int:
     """An integer ``>= low`` (an integral float such as ``2.0`` is accepted and returned as ``2``)."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    if not (math.isfinite(value) and value == int(value) and value >= low):
+    if isinstance(value, numbers.Integral):
+        whole = int(value)
+    else:
+        number = float(value)
+        if not (math.isfinite(number) and number.is_integer()):
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        whole = int(number)
+    if whole < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
+    return whole
 
 
 def seed(name: str, value: Any) -> int:
