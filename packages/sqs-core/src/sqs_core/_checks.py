@@ -15,7 +15,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_flag", "check_generator", "check_int", "check_open_unit", "check_positive", "check_real"]
+__all__ = [
+    "check_flag",
+    "check_generator",
+    "check_int",
+    "check_non_negative",
+    "check_open_unit",
+    "check_positive",
+    "check_real",
+]
 
 
 def check_flag(name: str, value: Any) -> bool:
@@ -40,6 +48,14 @@ def check_positive(name: str, value: Any) -> float:
     out = check_real(name, value)
     if out <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return out
+
+
+def check_non_negative(name: str, value: Any) -> float:
+    """``value`` as a float if it is a finite real number >= 0."""
+    out = check_real(name, value)
+    if out < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return out
 
 

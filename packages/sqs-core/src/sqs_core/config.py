@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ._checks import check_flag, check_int, check_open_unit, check_positive, check_real
+from ._checks import check_flag, check_int, check_non_negative, check_open_unit, check_positive
 
 __all__ = ["CONFIG_VERSION", "GaussianPrior", "SQSConfig", "SpikeSlabPrior"]
 
@@ -224,10 +224,7 @@ def _plain(value: Any, checked: float) -> float:
 
 
 def _check_non_negative(name: str, value: Any) -> float:
-    out = check_real(name, value)
-    if out < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return _plain(value, out)
+    return _plain(value, check_non_negative(name, value))
 
 
 def _check_temperature(name: str, value: Any) -> float:

@@ -9,7 +9,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from ._checks import check_flag, check_generator
+from ._checks import check_flag, check_generator, check_int
 from .discrete import DiscretePosterior
 from .prepare import posteriors, prepared_config, sqs_layers
 from .selection import keep_top_fraction
@@ -137,7 +137,6 @@ class BayesianAverage(nn.Module):
         self._snapshot = partial(_layer_modes, model)
 
     def _init(self, model, dists, setters, samples, generator, average) -> None:
-        check_arguments(samples, generator, average)
         self.model = model
         self.average = average
         self._dists = dists
@@ -148,6 +147,7 @@ class BayesianAverage(nn.Module):
     def from_parts(cls, model, dists, setters, *, samples=4, generator=None, average="outputs"):
         """Build from discrete posteriors and weight setters (used by ``sqs_core.load_bayesian_average``);
         a forward leaves the greedy weights set."""
+        check_arguments(samples, generator, average)
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self._init(model, dists, setters, samples, generator, average)
@@ -175,8 +175,7 @@ class BayesianAverage(nn.Module):
 
 def check_arguments(samples, generator, average) -> None:
     """BayesianAverage's own arguments (also checked by ``load_bayesian_average`` before it loads)."""
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"samples (M) must be an int >= 1, got {samples!r}")
+    check_int("samples (M)", samples, 1)
     check_generator("generator", generator)
     if average not in ("outputs", "probs"):
         raise ValueError(f"average must be 'outputs' or 'probs', got {average!r}")

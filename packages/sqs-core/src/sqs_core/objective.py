@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import check_real
+from ._checks import check_non_negative
 from .prepare import posteriors, prepared_config, sqs_layers
 
 __all__ = ["Objective"]
@@ -25,9 +25,7 @@ class Objective:
         config = prepared_config(model)
         if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data <= 0:
             raise ValueError(f"num_data must be a positive int (training examples), got {num_data!r}")
-        beta = check_real("kl_weight", config.kl_weight if kl_weight is None else kl_weight)
-        if beta < 0:
-            raise ValueError(f"kl_weight must be a finite number >= 0, got {beta!r}")
+        beta = check_non_negative("kl_weight", config.kl_weight if kl_weight is None else kl_weight)
         self.model = model
         self.num_data = num_data
         self.kl_weight = beta
