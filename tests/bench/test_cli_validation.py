@@ -199,3 +199,15 @@ def test_report_out_that_is_a_file_is_an_error(smoke_result, tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     assert main(["report", "--results", str(tmp_path / "runs"), "--out", str(tmp_path / "afile")]) == 2
     assert "afile is not a folder" in _error(capsys)
+
+
+def test_atomic_writes_keep_the_usual_file_mode(tmp_path):
+    """A result file gets 0o666 less the umask, as before writes were atomic (mkstemp would give 0o600)."""
+    from sqs_bench.results import write_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "r.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -52,11 +53,13 @@ def prepare_out_dir(path: str | Path) -> Path:
 
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``: readers see the old
-    file or the complete new one, never half of it. The temporary file is removed on any error."""
+    file or the complete new one, never half of it. The temporary file is removed on any error. It is made
+    with mode 0o666 less the umask, as ``Path.write_text`` makes a file (``mkstemp`` would give 0o600)."""
     mode = "wb" if isinstance(data, bytes) else "w"
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, mode) as f:
             f.write(data)
         os.replace(tmp, path)
