@@ -47,7 +47,7 @@ def discrete_posteriors(
             codebook=p.means.detach().to(p.weight_dtype, copy=True),  # the levels as the layer stores weights
             window_ids=p.window_ids.reshape(-1),
             greedy=greedy.reshape(-1),
-            keep=keep[name].reshape(-1),
+            keep=p.without_pinned(keep[name], False).reshape(-1),
             alt_index=alt_index,
             alt_probs=alt_probs,
         )

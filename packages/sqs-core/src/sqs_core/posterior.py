@@ -5,7 +5,8 @@
 θ (``weight``) is the fixed pretrained tensor (a buffer; a parameter with ``train_weight``). Each window
 w has its own K components: ``means`` μ, ``log_stds`` log σ and ``mixing_logits`` (π = softmax) of
 shape (W, K). ``gate_logits`` s̃ has θ's shape. ``mask`` is the pruning schedule's hard mask: a weight
-with mask 0 has λ̃ = 0 in the forward pass and in the KL (it is pruned). For a float16 or bfloat16 layer
+with mask 0 has λ̃ = 0 in the forward pass and in the KL (it is pruned); ``pinned_zero_rows`` (an embedding's
+padding row, zero in the layer) stay pruned whatever the schedule or inference asks. For a float16 or bfloat16 layer
 all of these are float32 (θ upcast exactly); the layer's forward runs in its own dtype (``weight_dtype``).
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -90,6 +91,7 @@ class SpikeGMMPosterior(nn.Module):
         # an empty tensor whose dtype is the layer's: model.to(dtype), .float() and .half() move it along
         self.register_buffer("dtype_probe", torch.empty(0, dtype=weight_dtype, device=dev), persistent=False)
         self.config = config
+        self.pinned_zero_rows: tuple[int, ...] = ()  # rows of θ (dim 0) that are always pruned: pin_zero_rows_
         self._kstar: torch.Tensor | None = None
         self._pending_kl: tuple[torch.Tensor, tuple] | None = None  # (KL of the last forward, _kl_key then)
         self._ranges_key: tuple | None = None
@@ -142,6 +144,33 @@ class SpikeGMMPosterior(nn.Module):
     def effective_keep_logits(self) -> torch.Tensor:
         """logit λ̂, the inference pruning score: s̃ / τ', and −inf where the schedule forced a zero."""
         return torch.where(self.mask, self.keep_logits(), float("-inf"))
+
+    @torch.no_grad()
+    def pin_zero_rows_(self, rows: Sequence[int]) -> None:
+        """Prune these rows of θ (along dim 0) for good: their mask is 0 now, after every pruning-schedule update
+        and in every inference keep pattern, so they stay exactly zero. ``prepare_`` pins an ``nn.Embedding``'s
+        ``padding_idx`` row when it is zero (the lookup gives the padding token a zero vector and no gradient)."""
+        pinned = sorted({int(r) for r in rows})
+        if any(not 0 <= r < self.weight.shape[0] for r in pinned):
+            raise ValueError(f"rows to pin must lie in [0, {self.weight.shape[0]}), got {list(rows)!r}")
+        self.pinned_zero_rows = tuple(pinned)
+        self.set_mask_(self.mask)
+
+    @torch.no_grad()
+    def set_mask_(self, keep: torch.Tensor | bool) -> None:
+        """Set the pruning mask to ``keep`` (a bool tensor of θ's shape, or True for all), the pinned rows pruned."""
+        if isinstance(keep, torch.Tensor):
+            self.mask.copy_(keep)
+        else:
+            self.mask.fill_(keep)
+        if self.pinned_zero_rows:
+            self.mask[list(self.pinned_zero_rows)] = False
+
+    def without_pinned(self, tensor: torch.Tensor, fill: float | bool) -> torch.Tensor:
+        """``tensor`` (θ's shape) with the pinned rows set to ``fill``: a copy, or ``tensor`` itself if none is."""
+        if not self.pinned_zero_rows:
+            return tensor
+        return tensor.index_fill(0, torch.tensor(self.pinned_zero_rows, device=tensor.device), fill)
 
     def component_kl(self) -> torch.Tensor:
         """KL(N(μ_wk, σ_wk²) ‖ N(0, σ_0²)) per window and component, (W, K), differentiable."""

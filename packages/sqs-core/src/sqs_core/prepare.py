@@ -124,6 +124,7 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
         if adapter is None:  # chosen layers were filtered by adapter_for already
             raise RuntimeError(f"internal: no adapter for the chosen layer {_name!r}")
         wrappers.append((module, SQSLayer(module, posterior, adapter)))
+        _pin_padding_row(module, posterior)
     for module, wrapper in wrappers:  # mutate only once everything above succeeded
         del module._parameters["weight"]
         module.register_parameter("weight", None)
@@ -151,6 +152,15 @@ def _check_weight(name: str, module: nn.Module) -> None:
         raise ValueError(f"layer {name!r} has a NaN or infinite weight (or a non-float dtype); fix it first")
     if weight.numel() == 0:
         raise ValueError(f"layer {name!r} has an empty weight {tuple(weight.shape)}: exclude it")
+
+
+def _pin_padding_row(module: nn.Module, posterior: SpikeGMMPosterior) -> None:
+    """An ``nn.Embedding``'s ``padding_idx`` row stays exactly zero when it is zero in the layer (as nn.Embedding
+    makes it and its training keeps it): pinned pruned (SpikeGMMPosterior.pin_zero_rows_), else the nearest
+    level would replace it. A non-zero padding row (some pretrained checkpoints) is compressed like the others."""
+    row = getattr(module, "padding_idx", None) if isinstance(module, nn.Embedding) else None
+    if row is not None and not bool(posterior.weight[row].any()):
+        posterior.pin_zero_rows_([*posterior.pinned_zero_rows, row])
 
 
 def _check_ties(model: nn.Module, chosen) -> None:

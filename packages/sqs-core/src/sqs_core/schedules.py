@@ -87,12 +87,12 @@ class PruningSchedule:
         posts = posteriors(self.model)
         if nonzero >= 1.0:
             for p in posts.values():
-                p.mask.fill_(True)
-        else:
-            scores = {name: p.keep_logits().detach() for name, p in posts.items()}  # ranks as λ̃
+                p.set_mask_(True)
+        else:  # ranks as λ̃; pinned rows (always pruned) rank lowest, so the kept count stays exact
+            scores = {name: p.without_pinned(p.keep_logits().detach(), -math.inf) for name, p in posts.items()}
             masks = keep_top_fraction(scores, nonzero, per_layer=self.per_layer)
             for name, p in posts.items():
-                p.mask.copy_(masks[name])
+                p.set_mask_(masks[name])
         self.current_nonzero = nonzero
         return nonzero
 
