@@ -100,3 +100,17 @@ def test_inference_and_artifact_match_the_cpu(tmp_path):
     loaded = sqs.load(tmp_path / "gpu.sqs", _net().to(CUDA)).eval()
     greedy = sqs.greedy_(copy.deepcopy(cpu)).eval()
     torch.testing.assert_close(loaded(x.to(CUDA)).cpu(), greedy(x), rtol=1e-9, atol=1e-12)
+
+
+def test_a_cuda_generator_draws_alike_from_the_model_and_its_file(tmp_path):
+    """sample_ and load(mode="sample") with a CUDA generator (draws on the GPU) give the same weights; before,
+    both failed with torch's device error (the uniforms were drawn on the CPU)."""
+    gpu = _prepared(False, CUDA, True)
+    _train(gpu, CUDA, 2)
+    sqs.save(gpu, tmp_path / "gpu.sqs")
+    sqs.sample_(gpu, generator=torch.Generator(device=CUDA).manual_seed(3))
+    loaded = sqs.load(
+        tmp_path / "gpu.sqs", _net().to(CUDA), mode="sample", generator=torch.Generator(device=CUDA).manual_seed(3)
+    )
+    for name, layer in sqs.sqs_layers(gpu).items():
+        torch.testing.assert_close(loaded.get_submodule(name).weight, layer.weight, rtol=0, atol=0, msg=name)

@@ -51,10 +51,12 @@ class DiscretePosterior:
         return torch.where(self.keep.reshape(-1), values, 0.0).reshape(self.shape)
 
     def draw(self, generator: torch.Generator | None = None) -> torch.Tensor:
-        """One draw of the levels: one uniform per weight (T of them, in flat order) from ``generator``."""
-        uniforms = torch.rand(self.numel, generator=generator)
+        """One draw of the levels: one uniform per weight (T of them, in flat order) from ``generator``, made on
+        the generator's device (the CPU without one), so a model on any device and its file draw alike."""
+        device = torch.device("cpu") if generator is None else generator.device
+        uniforms = torch.rand(self.numel, generator=generator, device=device)
         levels = self.greedy.reshape(-1).clone()
         if self.alt_index.numel():
-            u = uniforms[self.alt_index.cpu()].to(self.alt_probs.device)
+            u = uniforms[self.alt_index.to(device)].to(self.alt_probs.device)
             levels[self.alt_index] = inverse_cdf(self.alt_probs.float(), u).to(levels.dtype)
         return levels
