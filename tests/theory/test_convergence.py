@@ -227,3 +227,28 @@ def test_a_fit_is_reproducible():
     assert [{k: v for k, v in q.items() if k != "wall_s"} for q in first] == [
         {k: v for k, v in q.items() if k != "wall_s"} for q in second
     ]
+
+
+def test_a_failed_plot_leaves_the_previous_png_whole(tmp_path, monkeypatch):
+    """The figure is drawn into memory and then replaces the file atomically: a plot that fails half-way (here
+    savefig writes some bytes and raises) leaves the previous PNG as it was and no temporary file behind."""
+    import matplotlib.figure
+    from sqs_theory.plots import plot_convergence
+
+    committed = json.loads((RESULTS / "convergence.json").read_text())
+    png = tmp_path / "convergence.png"
+    plot_convergence(committed, png)
+    before = png.read_bytes()
+
+    def broken_savefig(self, target, **kwargs):
+        if hasattr(target, "write"):
+            target.write(b"half a png")
+        else:
+            Path(target).write_bytes(b"half a png")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", broken_savefig)
+    with pytest.raises(OSError, match="disk full"):
+        plot_convergence(committed, png)
+    assert png.read_bytes() == before and before.startswith(b"\x89PNG")
+    assert [p.name for p in tmp_path.iterdir()] == ["convergence.png"]

@@ -50,8 +50,9 @@ def check_output_dir(path: Path | str, *, name: str = "out_dir", files: tuple[st
     return path
 
 
-def write_text_atomic(path: Path | str, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``, then ``os.replace`` it (readers never see half a file).
+def write_text_atomic(path: Path | str, text: str | bytes) -> Path:
+    """Write ``text`` (UTF-8; or ``bytes`` as they are) to a temporary file beside ``path``, then ``os.replace``
+    it (readers never see half a file).
 
     The temporary file is created with mode 0o666 less the umask, like ``Path.write_text``.
     """
@@ -59,9 +60,10 @@ def write_text_atomic(path: Path | str, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    data = text.encode("utf-8") if isinstance(text, str) else text
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 
+from ._io import write_text_atomic
 from .hellinger import parametric_reference
 
 __all__ = ["plot_convergence"]
@@ -71,6 +73,7 @@ def plot_convergence(result: dict, path: Path) -> Path:
     _risk_panel(left, result, main, by_variant)
     _recovery_panel(right, main)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
-    return Path(path)
+    return write_text_atomic(path, buffer.getvalue())  # no half-written PNG if the run is stopped
