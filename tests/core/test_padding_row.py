@@ -140,13 +140,31 @@ def test_a_tied_head_shares_the_pinned_row():
     assert torch.equal(logits[..., PAD], torch.zeros(1, 2))  # the pad token's output row is the zero row
 
 
-@pytest.mark.parametrize("rows", [[VOCAB], [-1]])
-def test_pinning_a_row_outside_the_tensor_is_refused(rows):
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([VOCAB], r"rows to pin must lie in \[0, 12\)"),
+        ([-1], "row to pin must be an int >= 0"),
+        ([1.0], "must be an int"),
+    ],
+)
+def test_pinning_a_row_outside_the_tensor_is_refused(rows, message):
     model = sqs.prepare_(model_with_levels_away_from_zero(), sqs.SQSConfig(num_components=2))
     posterior = sqs.posteriors(model)["embed"]
-    with pytest.raises(ValueError, match=r"rows to pin must lie in \[0, 12\)"):
+    with pytest.raises(ValueError, match=message):
         posterior.pin_zero_rows_(rows)
     assert posterior.pinned_zero_rows == (PAD,) and posterior.mask.sum() == (VOCAB - 1) * DIM
+
+
+def test_pinning_adds_rows_and_a_loaded_mask_gets_them_again():
+    model = sqs.prepare_(model_with_levels_away_from_zero(), sqs.SQSConfig(num_components=2))
+    posterior = sqs.posteriors(model)["embed"]
+    posterior.pin_zero_rows_([5])
+    assert posterior.pinned_zero_rows == (PAD, 5) and posterior.mask.sum() == (VOCAB - 2) * DIM
+    state = model.state_dict()
+    state["embed.posterior.mask"] = torch.ones(VOCAB, DIM, dtype=torch.bool)  # e.g. a checkpoint from before pins
+    model.load_state_dict(state)
+    assert not posterior.mask[[PAD, 5]].any() and posterior.mask.sum() == (VOCAB - 2) * DIM
 
 
 def test_pins_survive_a_deepcopy_and_a_pickle():
@@ -154,6 +172,12 @@ def test_pins_survive_a_deepcopy_and_a_pickle():
     import pickle
 
     model = sqs.prepare_(model_with_levels_away_from_zero(), sqs.SQSConfig(num_components=2))
+    state = {**model.state_dict(), "embed.posterior.mask": torch.ones(VOCAB, DIM, dtype=torch.bool)}
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert sqs.posteriors(clone)["embed"].pinned_zero_rows == (PAD,)
         assert int(sqs.posteriors(clone)["embed"].mask.sum()) == (VOCAB - 1) * DIM
+        with torch.no_grad():
+            sqs.posteriors(model)["embed"].mask.fill_(True)  # the original's mask: the clone's hook must not touch it
+        clone.load_state_dict(state)  # the clone's own load hook pins the clone's mask
+        assert int(sqs.posteriors(clone)["embed"].mask.sum()) == (VOCAB - 1) * DIM
+        assert bool(sqs.posteriors(model)["embed"].mask.all())

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._checks import check_int
 from ._gate_kl import gate_kl
 from .chunked import (
     PosteriorSpec,
@@ -92,6 +93,7 @@ class SpikeGMMPosterior(nn.Module):
         self.register_buffer("dtype_probe", torch.empty(0, dtype=weight_dtype, device=dev), persistent=False)
         self.config = config
         self.pinned_zero_rows: tuple[int, ...] = ()  # rows of θ (dim 0) that are always pruned: pin_zero_rows_
+        self.register_load_state_dict_post_hook(self._pin_after_load)
         self._kstar: torch.Tensor | None = None
         self._pending_kl: tuple[torch.Tensor, tuple] | None = None  # (KL of the last forward, _kl_key then)
         self._ranges_key: tuple | None = None
@@ -147,13 +149,18 @@ class SpikeGMMPosterior(nn.Module):
 
     @torch.no_grad()
     def pin_zero_rows_(self, rows: Sequence[int]) -> None:
-        """Prune these rows of θ (along dim 0) for good: their mask is 0 now, after every pruning-schedule update
-        and in every inference keep pattern, so they stay exactly zero. ``prepare_`` pins an ``nn.Embedding``'s
-        ``padding_idx`` row when it is zero (the lookup gives the padding token a zero vector and no gradient)."""
-        pinned = sorted({int(r) for r in rows})
-        if any(not 0 <= r < self.weight.shape[0] for r in pinned):
+        """Prune these rows of θ (along dim 0; added to those pinned already) for good: their mask is 0 now, after
+        every pruning-schedule update and state-dict load, and in every inference keep pattern, so they stay
+        exactly zero. ``prepare_`` pins an ``nn.Embedding``'s ``padding_idx`` row when it is zero (the lookup
+        gives the padding token a zero vector and no gradient)."""
+        checked = [check_int("row to pin", r, 0) for r in rows]
+        if any(r >= self.weight.shape[0] for r in checked):
             raise ValueError(f"rows to pin must lie in [0, {self.weight.shape[0]}), got {list(rows)!r}")
-        self.pinned_zero_rows = tuple(pinned)
+        self.pinned_zero_rows = tuple(sorted({*self.pinned_zero_rows, *checked}))
+        self.set_mask_(self.mask)
+
+    def _pin_after_load(self, module: nn.Module, incompatible_keys: Any) -> None:
+        """load_state_dict's post hook: a loaded mask gets the pinned rows pruned again."""
         self.set_mask_(self.mask)
 
     @torch.no_grad()

@@ -160,7 +160,7 @@ def _pin_padding_row(module: nn.Module, posterior: SpikeGMMPosterior) -> None:
     level would replace it. A non-zero padding row (some pretrained checkpoints) is compressed like the others."""
     row = getattr(module, "padding_idx", None) if isinstance(module, nn.Embedding) else None
     if row is not None and not bool(posterior.weight[row].any()):
-        posterior.pin_zero_rows_([*posterior.pinned_zero_rows, row])
+        posterior.pin_zero_rows_([row])
 
 
 def _check_ties(model: nn.Module, chosen) -> None:
