@@ -21,6 +21,8 @@ after it. On the CPU, peak RSS depends on the allocator: the JSON records ``LD_P
 which every case inherits (docs/method.md, "The loop order and the allocator"). ``--device cuda`` runs every case on a GPU, with
 the steps' peak of allocated CUDA memory (torch.cuda.max_memory_allocated, prepare_'s K-means reported apart)
 in place of peak RSS; not yet run on a GPU by us (no GPU was lent so far).
+bench_step_paired.py times the same steps interleaved in one process (ratios free of the drift between
+processes; no peak memory). The models and loops: _step_models.py.
 Usage: python bench_step.py [--quick] [--warm-cache] [--rounds N] [--steps N] [--only KIND:BATCH ...]
 [--modes plain sqs sqs-compiled] [--zero-grad first|after-forward] [--device cpu|cuda] [--out FILE]
 """
@@ -38,42 +40,14 @@ import time
 from pathlib import Path
 
 CASE = r"""
-import json, resource, sys, time, torch, torch.nn as nn, torch.nn.functional as F
-import sqs_core as sqs
+import json, resource, sys, time, torch
+sys.path.insert(0, sys.argv[8])  # this folder: _step_models
+from _step_models import build, certified_fraction, training
 kind, mode, batch, k, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 dev = torch.device(sys.argv[6]); cuda = dev.type == "cuda"; zero_grad_first = sys.argv[7] == "first"
 sync = torch.cuda.synchronize if cuda else (lambda: None)
-torch.manual_seed(0)
-def resnet20():
-    class Block(nn.Module):
-        def __init__(s, i, o, st):
-            super().__init__(); s.c1 = nn.Conv2d(i, o, 3, st, 1, bias=False); s.b1 = nn.BatchNorm2d(o)
-            s.c2 = nn.Conv2d(o, o, 3, 1, 1, bias=False); s.b2 = nn.BatchNorm2d(o); s.pad = (o - i) // 2; s.st = st
-        def forward(s, x):
-            y = s.b2(s.c2(F.relu(s.b1(s.c1(x)))))
-            sc = x if s.pad == 0 and s.st == 1 else F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, s.pad, s.pad))
-            return F.relu(y + sc)
-    layers, i = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()], 16
-    for o, st in ((16, 1), (32, 2), (64, 2)):
-        for j in range(3):
-            layers.append(Block(i, o, st if j == 0 else 1)); i = o
-    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
-if kind == "resnet20":
-    model = resnet20().to(dev); x = torch.randn(batch, 3, 32, 32).to(dev); y = torch.randint(0, 10, (batch,)).to(dev)
-    loss_fn = lambda out: F.cross_entropy(out, y)
-else:  # linear4096: a random regression target; linear4096-distill: the layer's own fp32 output
-    model = nn.Sequential(nn.Linear(4096, 4096)).to(dev); x = torch.randn(batch, 4096).to(dev)
-    with torch.no_grad():
-        target = model(x) if kind.endswith("distill") else torch.randn(batch, 4096).to(dev)
-    loss_fn = lambda out: F.mse_loss(out, target)
-if mode.startswith("sqs"):
-    sqs.prepare_(model, sqs.SQSConfig(num_components=k, windows="outlier", compile_kernels=mode == "sqs-compiled"))
-    objective = sqs.Objective(model, num_data=50000)
-    opt = torch.optim.AdamW(sqs.param_groups(model, other_lr=1e-3))
-    loss_of = lambda out: objective(loss_fn(out))
-else:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    loss_of = loss_fn
+model, x, loss_fn = build(kind, batch, dev)
+opt, loss_of = training(model, loss_fn, mode, k)
 base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 if cuda:  # the steps' own peak of allocated tensor memory (prepare_'s K-means reported apart)
     sync(); setup_peak = torch.cuda.max_memory_allocated(); torch.cuda.reset_peak_memory_stats()
@@ -89,10 +63,7 @@ for r in range(repeats + 1):
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 gpu = {"peak_allocated_mib": torch.cuda.max_memory_allocated() / 2**20, "peak_reserved_mib": torch.cuda.max_memory_reserved() / 2**20,
        "setup_peak_allocated_mib": setup_peak / 2**20} if cuda else {}
-certified = None
-if mode.startswith("sqs"):  # the share of weights the one-hot certificate covers after the last step
-    sizes_and_shares = [(p.weight.numel(), p.certified_fraction()) for p in sqs.posteriors(model).values()]
-    certified = sum(n * share for n, share in sizes_and_shares) / sum(n for n, _ in sizes_and_shares)
+certified = certified_fraction(model) if mode.startswith("sqs") else None  # after the last step
 median = lambda ts: sorted(ts)[len(ts) // 2]
 print(json.dumps({"step_s": median(times[1:6]), "late_step_s": median(times[-5:]) if len(times) >= 15 else None, "steps_s": times, "first_step_s": times[0], "peak_rss_mib": peak / 1024,
                   "rss_before_mib": base_rss / 1024, "certified_fraction": certified,
@@ -101,6 +72,7 @@ print(json.dumps({"step_s": median(times[1:6]), "late_step_s": median(times[-5:]
 
 
 MODES = ("plain", "sqs", "sqs-compiled")
+HERE = Path(__file__).resolve().parent
 
 
 def run_case(kind, mode, batch, k, repeats, cache_dir=None, device="cpu", zero_grad="after-forward"):
@@ -110,7 +82,7 @@ def run_case(kind, mode, batch, k, repeats, cache_dir=None, device="cpu", zero_g
     if cache_dir is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     out = subprocess.run(
-        [sys.executable, "-c", CASE, kind, mode, str(batch), str(k), str(repeats), device, zero_grad],
+        [sys.executable, "-c", CASE, kind, mode, str(batch), str(k), str(repeats), device, zero_grad, str(HERE)],
         capture_output=True,
         text=True,
         check=True,

@@ -1,0 +1,136 @@
+"""Step-time ratios measured side by side: SQS and plain fine-tuning steps interleaved in one process.
+
+bench_step.py runs each mode in a process of its own, one after another, so a ratio of two medians carries
+this VM's drift over minutes (its plain 2,048-token step ranged 0.94–1.45 s within single runs). Here one
+process holds the plain model and one model per SQS mode, all built from the same seed (_step_models), and
+runs step i of every mode in turn, the order rotating from step to step; each SQS step's ratio is its time
+over the plain step of the same round. Reported per SQS mode: the median ratio over steps 2–6 and over the
+last five steps (``--steps`` ≥ 15), the medians of the step times, the share of weights certified one-hot
+after the last step, and every step's time. The compiled mode compiles into a fresh inductor cache unless
+``--warm-cache`` (its first step is left out of the ratios either way).
+
+Peak memory needs a process per mode: bench_step.py measures it. The models share one process and one
+allocator here, so each step runs on whatever heap the other models' steps left (glibc keeps freed memory):
+this times the steps' work, not their page faults on fresh memory.
+
+Usage: python bench_step_paired.py --only KIND:BATCH [--modes sqs sqs-compiled] [--steps N] [--warm-cache]
+[--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from _step_models import KINDS  # this folder (a script's own folder is on sys.path)
+
+SQS_MODES = ("sqs", "sqs-compiled")
+
+
+def _arguments():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", required=True, metavar="KIND:BATCH", help=f"the case, KIND one of {KINDS}")
+    parser.add_argument("--modes", nargs="+", default=list(SQS_MODES), choices=SQS_MODES, help="SQS modes to time")
+    parser.add_argument("--steps", type=int, default=50, help="steps of every mode (at least 15)")
+    parser.add_argument("--warm-cache", action="store_true", help="compile into the user's inductor cache")
+    parser.add_argument("--out", type=Path, default=None, help="JSON file to write (default: print only)")
+    args = parser.parse_args()
+    kind, _, batch = args.only.partition(":")
+    if kind not in KINDS or not batch.isdigit() or int(batch) < 1:
+        parser.error(f"--only must be KIND:BATCH with KIND one of {KINDS} and BATCH >= 1, got {args.only!r}")
+    if args.steps < 15:
+        parser.error(f"--steps must be at least 15 (steps 2–6 and the last five are reported), got {args.steps}")
+    if args.out is not None and args.out.is_dir():
+        parser.error(f"--out {args.out} is a folder; give a file name")
+    return args, kind, int(batch), list(dict.fromkeys(args.modes))
+
+
+def _step(model, x, opt, loss_of) -> float:
+    """One training step (gradients freed after the forward, as bench_step.py's default), timed."""
+    start = time.perf_counter()
+    loss = loss_of(model(x))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return time.perf_counter() - start
+
+
+def _median(values):
+    return statistics.median(values)
+
+
+def run(kind: str, batch: int, modes: list[str], steps: int) -> dict:
+    """Every mode's step times and each SQS mode's per-step ratios to the plain step of the same round."""
+    import torch
+    from _step_models import build, certified_fraction, training
+
+    k = 4 if kind == "resnet20" else 64
+    setups = {}
+    for mode in ["plain", *modes]:
+        model, x, loss_fn = build(kind, batch, torch.device("cpu"))
+        setups[mode] = (model, x, *training(model, loss_fn, mode, k))
+    names = list(setups)
+    times: dict[str, list[float]] = {mode: [] for mode in names}
+    for i in range(steps):
+        shift = i % len(names)
+        for mode in names[shift:] + names[:shift]:
+            times[mode].append(_step(*setups[mode]))
+    result = {"plain": {"step_s": _median(times["plain"][1:6]), "late_step_s": _median(times["plain"][-5:])}}
+    result["plain"]["steps_s"] = times["plain"]
+    for mode in modes:
+        ratios = [t / p for t, p in zip(times[mode], times["plain"], strict=True)]
+        result[mode] = {
+            "time_ratio": _median(ratios[1:6]),
+            "late_time_ratio": _median(ratios[-5:]),
+            "step_s": _median(times[mode][1:6]),
+            "late_step_s": _median(times[mode][-5:]),
+            "first_step_s": times[mode][0],
+            "certified_fraction": certified_fraction(setups[mode][0]),
+            "ratios": ratios,
+            "steps_s": times[mode],
+        }
+    return result
+
+
+def main() -> None:
+    args, kind, batch, modes = _arguments()
+    if "sqs-compiled" in modes and not args.warm_cache:
+        cache = tempfile.TemporaryDirectory(prefix="inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name  # read when inductor first compiles
+    import torch
+
+    result = run(kind, batch, modes, args.steps)
+    for mode in modes:
+        r = result[mode]
+        print(
+            f"{kind}:{batch} {mode}: steps 2–6 x{r['time_ratio']:.2f}, last five x{r['late_time_ratio']:.2f} "
+            f"({r['late_step_s']:.3f} s against plain {result['plain']['late_step_s']:.3f} s), "
+            f"certified {r['certified_fraction']:.4f}"
+        )
+    machine = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "ld_preload": os.environ.get("LD_PRELOAD") or None,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES") or None,
+    }
+    payload = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "case": f"{kind}:{batch}", "steps": args.steps}
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**payload, **result}, indent=2))
+        os.replace(tmp, args.out)  # no half-written results
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
