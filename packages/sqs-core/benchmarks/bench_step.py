@@ -11,7 +11,9 @@ the first (steps 2–6); the first step of the compiled case, which compiles its
 and ``compile_s`` = first step − median step; graphs first needed later, such as the width-8 nearby kernels when
 the first such block appears, show as one slow step in ``steps_s``, which the median leaves out). Each compiled case first compiles into a fresh, empty inductor
 cache, so this is the cost a user pays once per machine (``--warm-cache`` keeps the user's cache: the cost per
-process). Each case runs in a fresh subprocess so peak RSS is measured per case (resource.getrusage). The three
+process). Each case runs in a fresh subprocess so peak RSS is measured per case: the process's (resource.getrusage,
+``peak_rss_mib``) and, on Linux, that of steps 2 onwards alone (VmHWM restarted after the first step through
+/proc/self/clear_refs, ``steps_peak_rss_mib``: without the first step's one-time compiling or kernel loading). The three
 modes alternate for ``--rounds`` rounds (default 2; this VM's speed drifts over minutes): each mode's step time
 is its fastest round's, its peak RSS the largest of its rounds. Writes JSON to docs/results/step_bench.json
 and prints a table. ``--steps N`` (N ≥ 15) runs N steps per process and also reports ``late_step_s``, the median of
@@ -51,8 +53,19 @@ opt, loss_of = training(model, loss_fn, mode, k)
 base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 if cuda:  # the steps' own peak of allocated tensor memory (prepare_'s K-means reported apart)
     sync(); setup_peak = torch.cuda.max_memory_allocated(); torch.cuda.reset_peak_memory_stats()
-times = []
+def reset_hwm():  # Linux: VmHWM (this process's peak RSS) restarts from the current RSS
+    try:
+        with open("/proc/self/clear_refs", "w") as f: f.write("5")
+        return True
+    except OSError:
+        return False
+def hwm_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM"): return int(line.split()[1]) / 1024
+times, steps_hwm = [], False
 for r in range(repeats + 1):
+    if r == 1:  # the later steps' own peak, without the first step's one-time work (compiling, loading kernels)
+        steps_hwm = reset_hwm()
     sync(); t = time.perf_counter()
     if zero_grad_first:  # pytorch/examples' order: the last step's gradients are freed before the forward
         opt.zero_grad()
@@ -66,6 +79,7 @@ gpu = {"peak_allocated_mib": torch.cuda.max_memory_allocated() / 2**20, "peak_re
 certified = certified_fraction(model) if mode.startswith("sqs") else None  # after the last step
 median = lambda ts: sorted(ts)[len(ts) // 2]
 print(json.dumps({"step_s": median(times[1:6]), "late_step_s": median(times[-5:]) if len(times) >= 15 else None, "steps_s": times, "first_step_s": times[0], "peak_rss_mib": peak / 1024,
+                  "steps_peak_rss_mib": hwm_mib() if steps_hwm else None,
                   "rss_before_mib": base_rss / 1024, "certified_fraction": certified,
                   "params_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, **gpu}))
 """
@@ -110,6 +124,8 @@ def run_rounds(kind, batch, k, repeats, rounds, warm_cache, modes=MODES, device=
     for mode, results in runs.items():
         best[mode] = dict(min(results, key=lambda r: r["step_s"]))
         best[mode]["peak_max_mib"] = max(r["peak_mib"] for r in results)
+        steps_peaks = [r.get("steps_peak_rss_mib") for r in results]  # None where /proc/self/clear_refs is not there
+        best[mode]["steps_peak_max_mib"] = None if None in steps_peaks else max(steps_peaks)
         best[mode]["rounds"] = results
         if mode == "sqs-compiled":  # the cost of compiling: the first round's first step
             best[mode]["first_step_s"] = results[0]["first_step_s"]
@@ -125,6 +141,8 @@ def _row(kind, batch, k, best):
         if mode in best:
             row["time_ratio" + suffix] = best[mode]["step_s"] / plain["step_s"]
             row["peak_memory_ratio" + suffix] = best[mode]["peak_max_mib"] / plain["peak_max_mib"]
+            if best[mode]["steps_peak_max_mib"] is not None and plain["steps_peak_max_mib"] is not None:
+                row["steps_peak_memory_ratio" + suffix] = best[mode]["steps_peak_max_mib"] / plain["steps_peak_max_mib"]
             if plain["late_step_s"] is not None:
                 row["late_time_ratio" + suffix] = best[mode]["late_step_s"] / plain["late_step_s"]
     return row
@@ -137,6 +155,8 @@ def _summary(row):
         if mode in row:
             r = row[mode]
             late = f", late x{row['late_time_ratio' + suffix]:.2f}" if "late_time_ratio" + suffix in row else ""
+            if "steps_peak_memory_ratio" + suffix in row:
+                late += f", steps 2+ peak x{row['steps_peak_memory_ratio' + suffix]:.2f}"
             parts.append(
                 f"{mode} {r['step_s']:.3f}s (x{row['time_ratio' + suffix]:.2f}{late}, first {r['first_step_s']:.1f}s, "
                 f"peak x{row['peak_memory_ratio' + suffix]:.2f}, certified {r['certified_fraction']:.4f})"
