@@ -58,9 +58,9 @@ def write_text_atomic(path: Path | str, text: str | bytes) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode("utf-8") if isinstance(text, str) else text  # before the temporary file exists
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    data = text.encode("utf-8") if isinstance(text, str) else text
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
