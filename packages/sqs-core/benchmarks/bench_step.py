@@ -199,12 +199,19 @@ def _arguments():
         parser.error(f"--steps must be at least 2 (the first step is reported apart), got {args.steps}")
     batches = (256,) if args.quick else (256, 2048, 8192)
     cases = [("resnet20", 128, 4)] + [(kind, b, 64) for kind in ("linear4096", "linear4096-distill") for b in batches]
-    if args.only is not None:
-        known = {f"{kind}:{batch}": (kind, batch, k) for kind, batch, k in cases}
-        unknown = [name for name in args.only if name not in known]
+    if args.only is not None:  # any KIND:BATCH, not only the default batches
+        kinds = {kind for kind, _, _ in cases}
+        parsed = [name.partition(":")[::2] for name in args.only]
+        unknown = [
+            n
+            for n, (kind, batch) in zip(args.only, parsed, strict=True)
+            if kind not in kinds or not batch.isdigit() or int(batch) < 1
+        ]
         if unknown:
-            parser.error(f"--only: unknown case(s) {unknown}; known: {sorted(known)}")
-        cases = [known[name] for name in args.only]
+            parser.error(
+                f"--only: unknown case(s) {unknown}; expected KIND:BATCH, KIND one of {sorted(kinds)}, BATCH >= 1"
+            )
+        cases = [(kind, int(batch), 4 if kind == "resnet20" else 64) for kind, batch in parsed]
     modes = ["plain"] + [mode for mode in MODES[1:] if mode in args.modes]
     steps = args.steps or (3 if args.quick else 6)
     return args, cases, modes, steps
