@@ -157,11 +157,11 @@ class SpikeGMMPosterior(nn.Module):
         if any(r >= self.weight.shape[0] for r in checked):
             raise ValueError(f"rows to pin must lie in [0, {self.weight.shape[0]}), got {list(rows)!r}")
         self.pinned_zero_rows = tuple(sorted({*self.pinned_zero_rows, *checked}))
-        self.set_mask_(self.mask)
+        self._prune_pinned()
 
     def _pin_after_load(self, module: nn.Module, incompatible_keys: Any) -> None:
         """load_state_dict's post hook: a loaded mask gets the pinned rows pruned again."""
-        self.set_mask_(self.mask)
+        self._prune_pinned()
 
     @torch.no_grad()
     def set_mask_(self, keep: torch.Tensor | bool) -> None:
@@ -170,6 +170,10 @@ class SpikeGMMPosterior(nn.Module):
             self.mask.copy_(keep)
         else:
             self.mask.fill_(keep)
+        self._prune_pinned()
+
+    @torch.no_grad()
+    def _prune_pinned(self) -> None:
         if self.pinned_zero_rows:
             self.mask[list(self.pinned_zero_rows)] = False
 
