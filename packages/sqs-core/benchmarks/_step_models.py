@@ -10,6 +10,8 @@ A plain fine-tuning step is AdamW on the model's weights (lr 1e-4); an SQS step 
 
 from __future__ import annotations
 
+import os
+import platform
 from collections.abc import Callable
 
 import sqs_core as sqs
@@ -18,6 +20,29 @@ import torch.nn.functional as F
 from torch import nn
 
 KINDS = ("resnet20", "linear4096", "linear4096-distill")
+
+
+def parse_case(text: str) -> tuple[str, int, int]:
+    """``KIND:BATCH`` as (kind, batch, K): K = 4 for ResNet-20, 64 for the 4096² layer; a ValueError otherwise."""
+    kind, _, batch = text.partition(":")
+    if kind not in KINDS or not batch.isdigit() or int(batch) < 1:
+        raise ValueError(f"expected KIND:BATCH with KIND one of {KINDS} and BATCH >= 1, got {text!r}")
+    return kind, int(batch), 4 if kind == "resnet20" else 64
+
+
+def machine_info() -> dict:
+    """The machine a run measured: platform, CPUs, Python, torch and its threads, and the allocator settings
+    (LD_PRELOAD, GLIBC_TUNABLES), which change peak RSS and speed on the CPU (docs/method.md, "Memory")."""
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "ld_preload": os.environ.get("LD_PRELOAD") or None,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES") or None,
+    }
 
 
 def resnet20() -> nn.Module:

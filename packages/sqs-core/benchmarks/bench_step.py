@@ -34,12 +34,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _step_models import machine_info, parse_case  # this folder (a script's own folder is on sys.path)
 
 CASE = r"""
 import json, resource, sys, time, torch
@@ -200,18 +201,10 @@ def _arguments():
     batches = (256,) if args.quick else (256, 2048, 8192)
     cases = [("resnet20", 128, 4)] + [(kind, b, 64) for kind in ("linear4096", "linear4096-distill") for b in batches]
     if args.only is not None:  # any KIND:BATCH, not only the default batches
-        kinds = {kind for kind, _, _ in cases}
-        parsed = [name.partition(":")[::2] for name in args.only]
-        unknown = [
-            n
-            for n, (kind, batch) in zip(args.only, parsed, strict=True)
-            if kind not in kinds or not batch.isdigit() or int(batch) < 1
-        ]
-        if unknown:
-            parser.error(
-                f"--only: unknown case(s) {unknown}; expected KIND:BATCH, KIND one of {sorted(kinds)}, BATCH >= 1"
-            )
-        cases = [(kind, int(batch), 4 if kind == "resnet20" else 64) for kind, batch in parsed]
+        try:
+            cases = [parse_case(name) for name in args.only]
+        except ValueError as error:
+            parser.error(f"--only: {error}")
     modes = ["plain"] + [mode for mode in MODES[1:] if mode in args.modes]
     steps = args.steps or (3 if args.quick else 6)
     return args, cases, modes, steps
@@ -224,19 +217,9 @@ def main() -> None:
         best = run_rounds(kind, batch, k, steps - 1, args.rounds, args.warm_cache, modes, args.device, args.zero_grad)
         rows.append(_row(kind, batch, k, best))
         print(_summary(rows[-1]), flush=True)
-    machine = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-    }
     import torch
 
-    machine["torch"] = torch.__version__
-    machine["torch_threads"] = torch.get_num_threads()
-    # the allocator changes peak RSS and speed on the CPU (docs/method.md, "Memory"): glibc's unless preloaded
-    machine["ld_preload"] = os.environ.get("LD_PRELOAD") or None
-    machine["glibc_tunables"] = os.environ.get("GLIBC_TUNABLES") or None
+    machine = machine_info()
     machine["device"] = args.device if args.device == "cpu" else torch.cuda.get_device_name(args.device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     run = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "zero_grad": args.zero_grad, "rows": rows}

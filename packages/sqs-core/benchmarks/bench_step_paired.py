@@ -7,7 +7,7 @@ runs step i of every mode in turn, the order rotating from step to step; each SQ
 over the plain step of the same round. Reported per SQS mode: the median ratio over steps 2–6 and over the
 last five steps (``--steps`` ≥ 15), the medians of the step times, the share of weights certified one-hot
 after the last step, and every step's time. The compiled mode compiles into a fresh inductor cache unless
-``--warm-cache`` (its first step is left out of the ratios either way).
+``--warm-cache`` (its first step is in ``ratios`` but in neither median).
 
 Peak memory needs a process per mode: bench_step.py measures it. The models share one process and one
 allocator here, so each step runs on whatever heap the other models' steps left (glibc keeps freed memory):
@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
-from _step_models import KINDS  # this folder (a script's own folder is on sys.path)
+from _step_models import KINDS, parse_case  # this folder (a script's own folder is on sys.path)
 
 SQS_MODES = ("sqs", "sqs-compiled")
 
@@ -41,14 +40,15 @@ def _arguments():
     parser.add_argument("--warm-cache", action="store_true", help="compile into the user's inductor cache")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write (default: print only)")
     args = parser.parse_args()
-    kind, _, batch = args.only.partition(":")
-    if kind not in KINDS or not batch.isdigit() or int(batch) < 1:
-        parser.error(f"--only must be KIND:BATCH with KIND one of {KINDS} and BATCH >= 1, got {args.only!r}")
+    try:
+        case = parse_case(args.only)
+    except ValueError as error:
+        parser.error(f"--only: {error}")
     if args.steps < 15:
         parser.error(f"--steps must be at least 15 (steps 2–6 and the last five are reported), got {args.steps}")
     if args.out is not None and args.out.is_dir():
         parser.error(f"--out {args.out} is a folder; give a file name")
-    return args, kind, int(batch), list(dict.fromkeys(args.modes))
+    return args, case, list(dict.fromkeys(args.modes))
 
 
 def _step(model, x, opt, loss_of) -> float:
@@ -61,16 +61,11 @@ def _step(model, x, opt, loss_of) -> float:
     return time.perf_counter() - start
 
 
-def _median(values):
-    return statistics.median(values)
-
-
-def run(kind: str, batch: int, modes: list[str], steps: int) -> dict:
+def run(kind: str, batch: int, k: int, modes: list[str], steps: int) -> dict:
     """Every mode's step times and each SQS mode's per-step ratios to the plain step of the same round."""
     import torch
     from _step_models import build, certified_fraction, training
 
-    k = 4 if kind == "resnet20" else 64
     setups = {}
     for mode in ["plain", *modes]:
         model, x, loss_fn = build(kind, batch, torch.device("cpu"))
@@ -81,15 +76,15 @@ def run(kind: str, batch: int, modes: list[str], steps: int) -> dict:
         shift = i % len(names)
         for mode in names[shift:] + names[:shift]:
             times[mode].append(_step(*setups[mode]))
-    result = {"plain": {"step_s": _median(times["plain"][1:6]), "late_step_s": _median(times["plain"][-5:])}}
+    result = {"plain": {"step_s": median(times["plain"][1:6]), "late_step_s": median(times["plain"][-5:])}}
     result["plain"]["steps_s"] = times["plain"]
     for mode in modes:
         ratios = [t / p for t, p in zip(times[mode], times["plain"], strict=True)]
         result[mode] = {
-            "time_ratio": _median(ratios[1:6]),
-            "late_time_ratio": _median(ratios[-5:]),
-            "step_s": _median(times[mode][1:6]),
-            "late_step_s": _median(times[mode][-5:]),
+            "time_ratio": median(ratios[1:6]),
+            "late_time_ratio": median(ratios[-5:]),
+            "step_s": median(times[mode][1:6]),
+            "late_step_s": median(times[mode][-5:]),
             "first_step_s": times[mode][0],
             "certified_fraction": certified_fraction(setups[mode][0]),
             "ratios": ratios,
@@ -99,13 +94,13 @@ def run(kind: str, batch: int, modes: list[str], steps: int) -> dict:
 
 
 def main() -> None:
-    args, kind, batch, modes = _arguments()
+    args, (kind, batch, k), modes = _arguments()
     if "sqs-compiled" in modes and not args.warm_cache:
         cache = tempfile.TemporaryDirectory(prefix="inductor-")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name  # read when inductor first compiles
-    import torch
+    from _step_models import machine_info
 
-    result = run(kind, batch, modes, args.steps)
+    result = run(kind, batch, k, modes, args.steps)
     for mode in modes:
         r = result[mode]
         print(
@@ -113,17 +108,12 @@ def main() -> None:
             f"({r['late_step_s']:.3f} s against plain {result['plain']['late_step_s']:.3f} s), "
             f"certified {r['certified_fraction']:.4f}"
         )
-    machine = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "ld_preload": os.environ.get("LD_PRELOAD") or None,
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES") or None,
+    payload = {
+        "machine": machine_info(),
+        "date": time.strftime("%Y-%m-%d"),
+        "case": f"{kind}:{batch}",
+        "steps": args.steps,
     }
-    payload = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "case": f"{kind}:{batch}", "steps": args.steps}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")
