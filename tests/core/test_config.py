@@ -68,3 +68,32 @@ def test_for_layer_applies_overrides_in_order():
 def test_from_dict_rejects_unknown_fields():
     with pytest.raises(ValueError, match="unknown SQSConfig fields"):
         sqs.SQSConfig.from_dict({"num_components": 4, "bitz": 2})
+
+
+def test_overrides_are_read_only_after_validation():
+    """The config is frozen all the way down: an override cannot be added or changed past __post_init__'s checks
+    (it could: a plain dict let K = 1 or an unknown key in)."""
+    config = sqs.SQSConfig(overrides={"fc": {"num_components": 8}})
+    with pytest.raises(TypeError):
+        config.overrides["conv"] = {"skip": True}  # type: ignore[index]
+    with pytest.raises(TypeError):
+        config.overrides["fc"]["num_components"] = 1  # type: ignore[index]
+    assert config.overrides == {"fc": {"num_components": 8}}
+    assert config.for_layer("fc").num_components == 8
+
+
+def test_the_caller_s_dict_is_not_shared():
+    settings = {"num_components": 8}
+    config = sqs.SQSConfig(overrides={"fc": settings})
+    settings["num_components"] = 1
+    assert config.for_layer("fc").num_components == 8
+
+
+@given(k=st.integers(2, 256), skip=st.booleans(), temperature=st.floats(1e-4, 1.0))
+def test_configs_hash_as_they_compare(k, skip, temperature):
+    overrides = {"fc": {"skip": skip}, "conv": {"num_components": k, "temperature": temperature}}
+    config = sqs.SQSConfig(num_components=k, overrides=overrides)
+    same = sqs.SQSConfig(num_components=k, overrides=dict(reversed(list(overrides.items()))))
+    assert config == same and hash(config) == hash(same)
+    assert len({config, same, sqs.SQSConfig.from_dict(config.to_dict())}) == 1
+    assert config != sqs.SQSConfig(num_components=k)

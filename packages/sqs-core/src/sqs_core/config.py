@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -86,7 +86,8 @@ class SQSConfig:
     ``include`` / ``exclude`` are regular expressions matched (``re.search``) against qualified module
     names; ``overrides`` maps a regex to a dict of per-layer settings (keys: ``num_components``,
     ``windows``, ``temperature``, ``responsibility``, ``compile_kernels``, or ``skip=True`` to leave the
-    layer dense).
+    layer dense), kept as a read-only :class:`FrozenMapping` so that a config cannot change after its checks;
+    a config hashes and compares by value.
 
     ``kl_weight`` (β) tempers the KL sum of Ω_apx: loss = NLL + β·KL/num_data. β = 1 is the paper's
     objective taken literally; see docs/method.md for why the default is smaller.
@@ -281,16 +282,50 @@ def _compile_patterns(name: str, patterns: Any) -> tuple[str, ...]:
     return out
 
 
-def _validate_overrides(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+class FrozenMapping(Mapping[str, Any]):
+    """A read-only, hashable mapping: ``SQSConfig.overrides`` and each of its settings, so that a config stays
+    what ``__post_init__`` validated (no override can be added or changed afterwards) and can be hashed like
+    the rest of the frozen config. Compares equal to a dict with the same items; picklable and deep-copyable."""
+
+    __slots__ = ("_items",)
+    _items: dict[str, Any]
+
+    def __init__(self, items: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_items", dict(items))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self._items,))
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
+def _validate_overrides(overrides: Mapping[str, Mapping[str, Any]]) -> FrozenMapping:
+    """The overrides checked, as a :class:`FrozenMapping` of :class:`FrozenMapping` settings."""
     if not isinstance(overrides, Mapping):
         raise ValueError(f"overrides must be a mapping {{regex: {{setting: value}}}}, got {overrides!r}")
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, FrozenMapping] = {}
     for pattern, settings in overrides.items():
         _compile_patterns("overrides", (pattern,))
         if not isinstance(settings, Mapping):
             raise ValueError(f"override for {pattern!r} must be a mapping, got {settings!r}")
-        out[pattern] = _validate_override(pattern, settings)
-    return out
+        out[pattern] = FrozenMapping(_validate_override(pattern, settings))
+    return FrozenMapping(out)
 
 
 def _validate_override(pattern: str, settings: Mapping[str, Any]) -> dict[str, Any]:
