@@ -1,9 +1,13 @@
-"""Best-of-N wall time, shared by the benchmark scripts (run as ``python bench_*.py`` from this folder)."""
+"""Shared by the benchmark scripts (run as ``python bench_*.py`` from this folder): best-of-N wall time, and
+writing a result file whole or not at all."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def best_seconds(fn: Callable[[], object], repeats: int, *, warmup: bool = False) -> float:
@@ -16,3 +20,17 @@ def best_seconds(fn: Callable[[], object], repeats: int, *, warmup: bool = False
         fn()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def write_json(path: Path | str, data: object, *, indent: int = 2) -> None:
+    """``data`` as JSON (and a final newline) at ``path``, its folder made if missing: written to a temporary
+    file beside it, then renamed over it, so an interrupted run leaves the earlier file, never half of one."""
+    text = json.dumps(data, indent=indent) + "\n"  # serialised first: a value JSON refuses leaves no file behind
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import sqs_core as sqs
 import torch
-from _timing import best_seconds  # this folder, on sys.path when run as a script
+from _timing import best_seconds, write_json  # this folder, on sys.path when run as a script
 from sqs_core._artifact_file import Artifact
 from sqs_core._artifact_layout import FLOAT_DTYPES, _Decoded, decode_weight, encode
 from sqs_core.artifact import read_artifact
@@ -281,8 +281,7 @@ def main() -> None:
         print(f"{row['file']}: {_model_line(row)}")
     print(json.dumps(result["machine"]))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,9 @@ the fused byte-table ``unpack_gather``.  Reports the best of ``repeats`` runs in
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
-from _timing import best_seconds  # this folder, on sys.path when run as a script
+from _timing import best_seconds, write_json  # this folder, on sys.path when run as a script
 from sqs_core.packing import pack_bits, unpack_bits, unpack_gather
 
 
@@ -53,8 +52,7 @@ def main() -> None:
         rate = f"{row['weights_per_s']:.3e} weights/s"
         print(f"bits={row['bits']} K={row['levels']:<3} {row['path']:<26} {rate}")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=2)
+        write_json(args.json, rows)
 
 
 if __name__ == "__main__":

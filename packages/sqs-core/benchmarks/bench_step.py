@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from _step_models import machine_info, parse_case  # this folder (a script's own folder is on sys.path)
+from _timing import write_json
 
 CASE = r"""
 import json, resource, sys, time, torch
@@ -221,9 +222,8 @@ def main() -> None:
 
     machine = machine_info()
     machine["device"] = args.device if args.device == "cpu" else torch.cuda.get_device_name(args.device)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     run = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "zero_grad": args.zero_grad, "rows": rows}
-    args.out.write_text(json.dumps(run, indent=2))
+    write_json(args.out, run)
     print(f"wrote {args.out}")
 
 

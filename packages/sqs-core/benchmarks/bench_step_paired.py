@@ -20,7 +20,6 @@ Usage: python bench_step_paired.py --only KIND:BATCH [--modes sqs sqs-compiled] 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from statistics import median
 
 from _step_models import KINDS, parse_case  # this folder (a script's own folder is on sys.path)
+from _timing import write_json
 
 SQS_MODES = ("sqs", "sqs-compiled")
 
@@ -115,10 +115,7 @@ def main() -> None:
         "steps": args.steps,
     }
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({**payload, **result}, indent=2))
-        os.replace(tmp, args.out)  # no half-written results
+        write_json(args.out, {**payload, **result})  # no half-written results
         print(f"wrote {args.out}")
 
 

@@ -10,13 +10,13 @@ the bytes, the file rate of the compressed layers and the paper's formula + mask
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import tempfile
 from pathlib import Path
 
 import sqs_core as sqs
 import torch
+from _timing import write_json  # this folder, on sys.path when run as a script
 from sqs_core._artifact_file import read_artifact
 from sqs_core.report import _report  # the report of a file already read (each file is read once)
 
@@ -68,7 +68,7 @@ def main() -> None:
         )
     if args.json:
         machine = {"platform": platform.platform(), "torch": torch.__version__}
-        args.json.write_text(json.dumps({"machine": machine, "files": rows}, indent=1) + "\n")
+        write_json(args.json, {"machine": machine, "files": rows}, indent=1)
 
 
 if __name__ == "__main__":
