@@ -1,5 +1,6 @@
 import pytest
 import sqs_core as sqs
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -42,6 +43,24 @@ def test_slab_std_must_be_positive(std):
         sqs.SpikeSlabPrior(slab_std=std)
     with pytest.raises(ValueError, match="slab_std"):
         sqs.GaussianPrior(slab_std=std)
+
+
+@pytest.mark.parametrize("std", [1e-200, 1e-20, 2e19, 1e300])
+def test_slab_std_must_square_to_a_normal_float32(std):
+    """σ_0² = 0 (or subnormal, or overflowing) in the float32 KL made every weight's KL inf (found by hand:
+    GaussianPrior(slab_std=1e-200) trained into a FloatingPointError at the first step)."""
+    for prior in (sqs.SpikeSlabPrior, sqs.GaussianPrior):
+        with pytest.raises(ValueError, match="normal float32"):
+            prior(slab_std=std)
+
+
+@pytest.mark.parametrize("std", [1.1e-19, 1.8e19])
+def test_slab_std_at_the_edges_gives_a_finite_float32_kl(std):
+    from sqs_core.mixture import gaussian_kl
+
+    for prior in (sqs.SpikeSlabPrior(slab_std=std), sqs.GaussianPrior(slab_std=std)):
+        kl = gaussian_kl(torch.tensor([0.0, 0.01]), torch.tensor([-5.0, -1.0]), prior.slab_std)
+        assert torch.isfinite(kl).all()
 
 
 @given(

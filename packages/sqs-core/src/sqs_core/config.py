@@ -48,8 +48,7 @@ class SpikeSlabPrior:
     def __post_init__(self) -> None:
         keep = check_open_unit("SpikeSlabPrior.keep_prob", self.keep_prob)
         object.__setattr__(self, "keep_prob", _plain(self.keep_prob, keep))
-        std = check_positive("SpikeSlabPrior.slab_std", self.slab_std)
-        object.__setattr__(self, "slab_std", _plain(self.slab_std, std))
+        object.__setattr__(self, "slab_std", _check_slab_std("SpikeSlabPrior.slab_std", self.slab_std))
 
     @property
     def kind(self) -> str:
@@ -64,8 +63,7 @@ class GaussianPrior:
     slab_std: float = 1.0
 
     def __post_init__(self) -> None:
-        std = check_positive("GaussianPrior.slab_std", self.slab_std)
-        object.__setattr__(self, "slab_std", _plain(self.slab_std, std))
+        object.__setattr__(self, "slab_std", _check_slab_std("GaussianPrior.slab_std", self.slab_std))
 
     @property
     def kind(self) -> str:
@@ -237,6 +235,20 @@ def _check_temperature(name: str, value: Any) -> float:
         raise ValueError(
             f"{name} must be a normal float32 number in [{_F32.tiny:.4g}, {_F32.max:.4g}] (the float32 posterior "
             f"divides by it; below that 1/{name} overflows and the forward turns NaN), got {value!r}"
+        )
+    return _plain(value, out)
+
+
+def _check_slab_std(name: str, value: Any) -> float:
+    """σ_0 as a plain number. The float32 component KL divides by σ_0² (KL(N(μ, σ²)‖N(0, σ_0²)) = log(σ_0/σ) +
+    (σ² + μ²)/(2σ_0²) − ½), so σ_0² must be a normal float32: below ~1.1e-19 it rounds to 0 or a subnormal and
+    the KL of every weight is inf; above ~1.8e19 it overflows."""
+    out = check_positive(name, value)
+    low, high = math.sqrt(_F32.tiny), math.sqrt(_F32.max)
+    if not low <= out <= high:
+        raise ValueError(
+            f"{name} must be in [{low:.4g}, {high:.4g}] so that σ_0² is a normal float32 number (the float32 KL "
+            f"divides by it; outside that range every weight's KL is inf), got {value!r}"
         )
     return _plain(value, out)
 
