@@ -14,11 +14,13 @@ Degenerate windows, handled so that every component has finite parameters:
 * fewer than K distinct values: the distinct values become the first centres; the surplus components
   copy the most populated centre with mixing weight ``EMPTY_MIX`` (renormalised), so they never win;
 * a singleton group, or σ_k = 0: σ_k is floored at ``STD_FLOOR_FRACTION`` × the window's spread (or ×
-  max(|θ|, 1) when the window is constant).
+  max(|θ|, 1) when the window is constant), and every σ_k at ``STD_MIN``: the result is float32, where a
+  window spread below ~1e-16 (zeros beside subnormal weights) gave σ_k = 0 and a NaN posterior.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +29,7 @@ __all__ = ["GMMInit", "kmeans_1d", "kmeans_1d_sorted", "sorted_values"]
 
 EMPTY_MIX = 1e-6
 STD_FLOOR_FRACTION = 1e-3
+STD_MIN = math.sqrt(torch.finfo(torch.float32).tiny)  # ~1.08e-19: 1/σ² stays a normal float32
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ def _statistics(ordered: torch.Tensor, centres: torch.Tensor, k: int) -> GMMInit
     sq = torch.zeros(found, dtype=torch.double).index_add_(0, labels, (ordered - means[labels]) ** 2)
     stds = torch.sqrt(sq / (counts - 1).clamp_min(1))
     spread = float(ordered[-1] - ordered[0])
-    floor = STD_FLOOR_FRACTION * (spread if spread > 0 else max(float(ordered.abs().max()), 1.0))
+    floor = max(STD_FLOOR_FRACTION * (spread if spread > 0 else max(float(ordered.abs().max()), 1.0)), STD_MIN)
     stds = torch.where((counts > 1) & (stds > floor), stds, torch.full_like(stds, floor))
     mixing = counts / counts.sum()
     if found < k:
