@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import sqs_core as sqs
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sqs_theory.hspace import in_h
 from sqs_theory.projection import canonicalize_, project_rescaled
@@ -51,6 +51,8 @@ def test_teacher_rejects_unidentifiable_widths():
 
 @settings(max_examples=20, deadline=None)
 @given(teacher_seeds, unit_permutations(), unit_scales)
+@example(seed=6417, perm=[0, 1, 2, 3, 4, 5], scales=[1.0, 1.0, 1.0, 0.4375, 1.0, 1.0])  # cos([w1, w2]) swapped
+@example(seed=1, perm=[1, 2, 3, 4, 0, 5], scales=[1.0] * 6)  # cos(w2·w1) confused opposite-sign units
 def test_recovery_is_invariant_to_the_symmetries(seed, perm, scales):
     """Permuting units and rescaling each, w1_j -> c_j w1_j, w2_j -> w2_j / c_j, changes neither f nor the
     support, and the levels are recovered after the best rescaling of each unit."""
@@ -85,11 +87,21 @@ def test_recovery_counts_a_spurious_and_a_missing_weight(seed, data):
     assert not rec["support_exact"]
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(teacher_seeds, unit_scales)
+@example(seed=123, scales=[1.0, 1.0, 1.0, 2.0, 1.0, 1.0])  # was: a start stopped half-way, D = 1.4e-5
+@example(seed=451, scales=[2.0, 1.0, 0.5, 1.0, 1.0, 1.0])  # was: no start reached the teacher, D = 0.018
+@example(seed=451, scales=[2.0, 1.0, 0.5, 2.0, 1.0, 2.0])  # was: D = 2.6e-8, NLL 1.1e-4 above the teacher's
+@example(seed=156, scales=[1.0, 0.5, 0.4, 2.5, 1.0, 2.5])  # another projection, D = 5.9e-5, NLL 1 % lower
 def test_canonicalisation_keeps_the_function_and_finds_the_teacher(seed, scales):
-    """A teacher with arbitrary per-unit scales is a point of H up to rescaling: the projection must find
-    distance ~0 and a projected network that fits the training data at least as well as the teacher."""
+    """A teacher with arbitrary per-unit scales is a point of H up to rescaling, so a projection that computes
+    the teacher's function exactly exists: its D is the float32 rounding of the model's weights (each off by
+    at most 2^-24 relative, so D <= 2^-48 ‖Q‖²; we allow 2^-40 ‖Q‖² for the least-squares tolerance) and its
+    training NLL is the teacher's. canonicalize_ keeps the best training NLL over its starts (NLLs within 1e-6
+    are ties, going to the smaller D), not the smallest D, so it may return another local projection instead,
+    but only one the data prefer: NLL at most the teacher's, to that tie tolerance (seed 156 below: D = 5.9e-5,
+    NLL 1 % under the teacher's). Either way the projected NLL is at most the teacher's × (1 + 1e-4). Both
+    checks fail when no start reaches the teacher, or when the descent stops short of the exact point."""
     teacher = make_teacher(4, 6, seed=seed)
     t1, t2 = _weights(teacher)
     c = np.asarray(scales)
@@ -101,9 +113,10 @@ def test_canonicalisation_keeps_the_function_and_finds_the_teacher(seed, scales)
     before = predict(model, x)
     canon = canonicalize_(model, x, y, sigma=0.1, s=18, k=4, starts=6, seed=seed)
     assert np.allclose(predict(model, x), before, atol=1e-5)
-    assert canon.distance < 1e-5  # float32 weights, scalar search to ~1e-5 in log c
     with torch.no_grad():
         teacher_nll = float(((y - teacher(x)) ** 2).mean() / 0.02)
+    exact = canon.distance <= 2.0**-40 * (np.sum(canon.q1**2) + np.sum(canon.q2**2))
+    assert exact or canon.nll <= teacher_nll * (1 + 1e-6), (canon.distance, canon.nll, teacher_nll)
     assert canon.nll <= teacher_nll * (1 + 1e-4)
 
 
