@@ -16,11 +16,14 @@ __all__ = ["best_unit_scale", "match_units", "recovery"]
 
 
 def match_units(t1: np.ndarray, t2: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
-    """perm with student unit perm[j] matched to teacher unit j; t1, s1 (width, p), t2, s2 (1, width)."""
-    t = np.concatenate([t1, t2.T], axis=1)
-    s = np.concatenate([s1, s2.T], axis=1)
-    tn = t / np.maximum(np.linalg.norm(t, axis=1, keepdims=True), 1e-12)
-    sn = s / np.maximum(np.linalg.norm(s, axis=1, keepdims=True), 1e-12)
+    """perm with student unit perm[j] matched to teacher unit j; t1, s1 (width, p), t2, s2 (1, width).
+    Units are compared by the cosine of their input weights w1_j, whose direction the rescaling w1_j → c w1_j,
+    w2_j → w2_j / c (c > 0) leaves unchanged and which tells the units of a teacher apart (no two read the same
+    ordered pair of inputs). The cosine of the concatenated [w1_j, w2_j] changed with c (rescaling one unit by
+    0.44 could swap its match with another's); that of w2_j·w1_j does not, but confuses a unit with one of
+    opposite input and output signs, which computes another function (relu is not odd)."""
+    tn = t1 / np.maximum(np.linalg.norm(t1, axis=1, keepdims=True), 1e-12)
+    sn = s1 / np.maximum(np.linalg.norm(s1, axis=1, keepdims=True), 1e-12)
     _, perm = linear_sum_assignment(-(tn @ sn.T))
     return perm
 
