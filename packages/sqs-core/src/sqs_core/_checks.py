@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 __all__ = [
+    "F32_STD_MAX",
+    "F32_STD_MIN",
     "check_flag",
     "check_generator",
     "check_int",
@@ -24,6 +26,11 @@ __all__ = [
     "check_positive",
     "check_real",
 ]
+
+# The standard deviations (σ_k, σ_0) that the float32 posterior divides by squared: within this range σ² and
+# 1/σ² are normal float32 numbers (~1.08e-19 and ~1.84e19).
+F32_STD_MIN = math.sqrt(torch.finfo(torch.float32).tiny)
+F32_STD_MAX = math.sqrt(torch.finfo(torch.float32).max)
 
 
 def check_flag(name: str, value: Any) -> bool:

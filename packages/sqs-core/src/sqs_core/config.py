@@ -15,7 +15,15 @@ from typing import Any
 
 import torch
 
-from ._checks import check_flag, check_int, check_non_negative, check_open_unit, check_positive
+from ._checks import (
+    F32_STD_MAX,
+    F32_STD_MIN,
+    check_flag,
+    check_int,
+    check_non_negative,
+    check_open_unit,
+    check_positive,
+)
 
 __all__ = ["CONFIG_VERSION", "GaussianPrior", "SQSConfig", "SpikeSlabPrior"]
 
@@ -244,11 +252,10 @@ def _check_slab_std(name: str, value: Any) -> float:
     (σ² + μ²)/(2σ_0²) − ½), so σ_0² must be a normal float32: below ~1.1e-19 it rounds to 0 or a subnormal and
     the KL of every weight is inf; above ~1.8e19 it overflows."""
     out = check_positive(name, value)
-    low, high = math.sqrt(_F32.tiny), math.sqrt(_F32.max)
-    if not low <= out <= high:
+    if not F32_STD_MIN <= out <= F32_STD_MAX:
         raise ValueError(
-            f"{name} must be in [{low:.4g}, {high:.4g}] so that σ_0² is a normal float32 number (the float32 KL "
-            f"divides by it; outside that range every weight's KL is inf), got {value!r}"
+            f"{name} must be in [{F32_STD_MIN:.4g}, {F32_STD_MAX:.4g}] so that σ_0² is a normal float32 number "
+            f"(the float32 KL divides by it; outside that range every weight's KL is inf), got {value!r}"
         )
     return _plain(value, out)
 

@@ -20,16 +20,17 @@ Degenerate windows, handled so that every component has finite parameters:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
+
+from ._checks import F32_STD_MIN
 
 __all__ = ["GMMInit", "kmeans_1d", "kmeans_1d_sorted", "sorted_values"]
 
 EMPTY_MIX = 1e-6
 STD_FLOOR_FRACTION = 1e-3
-STD_MIN = math.sqrt(torch.finfo(torch.float32).tiny)  # ~1.08e-19: 1/σ² stays a normal float32
+STD_MIN = F32_STD_MIN  # ~1.08e-19: 1/σ² stays a normal float32
 
 
 @dataclass(frozen=True)
