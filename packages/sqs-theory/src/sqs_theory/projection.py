@@ -88,6 +88,11 @@ def _snap(values: np.ndarray, kept: np.ndarray, levels: np.ndarray) -> np.ndarra
     return np.where(kept, nearest, 0.0)
 
 
+def _kept_levels(q1: np.ndarray, q2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct non-zero values of each projected layer, ascending: its levels in use."""
+    return np.unique(q1[q1 != 0]), np.unique(q2[q2 != 0])
+
+
 def _log_balanced(w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
     """log c_j with ‖c_j w1_j‖ = |w2_j / c_j| (a unit without weights in a layer counts them as 1e-12)."""
     return 0.5 * np.log(np.maximum(np.abs(w2[0]), 1e-12) / np.maximum(np.linalg.norm(w1, axis=1), 1e-12))
@@ -113,7 +118,7 @@ def _jump_scale(w1: np.ndarray, w2: np.ndarray, c: np.ndarray, q1: np.ndarray, q
     puts it on its true level costs no less than staying."""
     c = c.copy()
     kept1, kept2 = q1 != 0, q2[0] != 0
-    levels1, levels2 = np.unique(q1[kept1]), np.unique(q2[0][kept2])
+    levels1, levels2 = _kept_levels(q1, q2)
     for j in range(c.size):
         a1, a2 = c[:, None] * w1, w2[0] / c
         others = np.arange(c.size) != j
@@ -134,7 +139,7 @@ def _jump_scale(w1: np.ndarray, w2: np.ndarray, c: np.ndarray, q1: np.ndarray, q
 def _polish(w1: np.ndarray, w2: np.ndarray, c: np.ndarray, q1: np.ndarray, q2: np.ndarray) -> np.ndarray:
     """The continuous step: the c minimising D jointly over (log c, levels) at the support and level
     assignment of (Q1, Q2), Σ_j log c_j held fixed, by Levenberg-Marquardt (exact where the minimum is 0)."""
-    levels1, levels2 = np.unique(q1[q1 != 0]), np.unique(q2[q2 != 0])
+    levels1, levels2 = _kept_levels(q1, q2)
     lab1 = np.where(q1 != 0, np.searchsorted(levels1, q1), -1).ravel()
     lab2 = np.where(q2[0] != 0, np.searchsorted(levels2, q2[0]), -1)
     width, m1, n1, t0 = c.size, w1.size, levels1.size, np.log(c)
@@ -191,11 +196,10 @@ def project_rescaled(w1, w2, *, s: int, k: int, scales, iterations: int = 50):
         if best is not None and distance >= best[3] - _STALL * _distance(w1, w2, c, 0.0, 0.0):
             break
         best = (c.copy(), q1, q2, distance)
-        levels1, levels2 = np.unique(q1[q1 != 0]), np.unique(q2[q2 != 0])
+        levels1, levels2 = _kept_levels(q1, q2)
         c = _jump_scale(w1, w2, c, q1, q2)
         c = bound(c * np.exp(gauge - np.mean(np.log(c))))
-        q1 = np.stack([_snap(c[j] * w1[j], q1[j] != 0, levels1) for j in range(c.size)])
-        q2 = _snap(w2 / c[None, :], q2 != 0, levels2)
+        q1, q2 = _snap(c[:, None] * w1, q1 != 0, levels1), _snap(w2 / c[None, :], q2 != 0, levels2)
         c = bound(_polish(w1, w2, c, q1, q2))
     return best
 
