@@ -3,6 +3,7 @@ import sqs_core as sqs
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from sqs_core.mixture import gaussian_kl
 
 
 @pytest.mark.parametrize(
@@ -56,8 +57,6 @@ def test_slab_std_must_square_to_a_normal_float32(std):
 
 @pytest.mark.parametrize("std", [1.1e-19, 1.8e19])
 def test_slab_std_at_the_edges_gives_a_finite_float32_kl(std):
-    from sqs_core.mixture import gaussian_kl
-
     for prior in (sqs.SpikeSlabPrior(slab_std=std), sqs.GaussianPrior(slab_std=std)):
         kl = gaussian_kl(torch.tensor([0.0, 0.01]), torch.tensor([-5.0, -1.0]), prior.slab_std)
         assert torch.isfinite(kl).all()
