@@ -4,10 +4,11 @@ writing a result file whole or not at all."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from sqs_core.artifact import _atomic_write  # private, as bench_artifact's imports: one writer
 
 
 def best_seconds(fn: Callable[[], object], repeats: int, *, warmup: bool = False) -> float:
@@ -23,14 +24,10 @@ def best_seconds(fn: Callable[[], object], repeats: int, *, warmup: bool = False
 
 
 def write_json(path: Path | str, data: object, *, indent: int = 2) -> None:
-    """``data`` as JSON (and a final newline) at ``path``, its folder made if missing: written to a temporary
-    file beside it, then renamed over it, so an interrupted run leaves the earlier file, never half of one."""
+    """``data`` as JSON (and a final newline) at ``path``, its folder made if missing, written whole or not at
+    all by sqs-core's own atomic writer (the artifact's: temporary file beside it, fsync, rename), so an
+    interrupted run leaves the earlier file, never half of one."""
     text = json.dumps(data, indent=indent) + "\n"  # serialised first: a value JSON refuses leaves no file behind
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    _atomic_write(str(path), [text.encode()])
