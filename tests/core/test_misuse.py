@@ -8,6 +8,7 @@ import pytest
 import sqs_core as sqs
 import torch
 import torch.nn.functional as F
+from sqs_core.posterior import LOG_STD_MIN
 from torch import nn
 
 X, Y = torch.randn(6, 4, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 0, 1, 1, 0])
@@ -47,6 +48,25 @@ def test_a_non_finite_kl_names_the_layer():
     objective = sqs.Objective(model, num_data=6)
     with pytest.raises(FloatingPointError, match="KL of layer '0' is inf"):
         objective(F.cross_entropy(model(X), Y))
+
+
+@pytest.mark.parametrize("likelihood", ["plugin", "moment_matched"])
+@pytest.mark.parametrize("log_std", [-90.0, -300.0])
+def test_a_vanishing_std_is_floored_so_gradients_stay_finite(likelihood, log_std):
+    """σ below float32's range (1/σ overflowed in backward: NaN gradients for every μ and log σ of the
+    layer, written into the parameters by the next optimizer step) is evaluated at the floor, gradient 0."""
+    grads = []
+    for value in (log_std, LOG_STD_MIN):
+        model = prepared(likelihood=likelihood)
+        with torch.no_grad():
+            sqs.posteriors(model)["0"].log_stds.view(-1)[::2] = value
+        sqs.Objective(model, num_data=6)(F.cross_entropy(model(X), Y)).backward()
+        grads.append({name: p.grad for name, p in model.named_parameters() if p.grad is not None})
+    for name, grad in grads[0].items():
+        assert torch.isfinite(grad).all(), name
+        if not name.endswith("0.posterior.log_stds"):
+            assert torch.equal(grad, grads[1][name]), name
+    assert torch.all(grads[0]["0.posterior.log_stds"].view(-1)[::2] == 0)
 
 
 def test_an_overflowing_kl_weight_is_refused_with_the_loss():

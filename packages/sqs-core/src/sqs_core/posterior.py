@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._checks import check_int
+from ._checks import F32_STD_MIN, check_int
 from ._gate_kl import gate_kl
 from .chunked import (
     PosteriorSpec,
@@ -41,6 +41,9 @@ __all__ = ["SAMPLING_FLOOR", "SpikeGMMPosterior"]
 # (eq. infer-theta), so a weight is "one-hot" when only one φ_k reaches it. The artifact stores the
 # alternatives of the other weights with the same rule, so sampling from a file and from memory agree.
 SAMPLING_FLOOR = 1e-3
+# log σ's floor where the posterior is evaluated: σ ≥ √tiny(float32) ≈ 1.08e-19, K-means' floor (σ² normal).
+# Below about e^-88.7, 1/σ overflows float32 and every gradient of the layer's μ and log σ is NaN.
+LOG_STD_MIN = math.log(F32_STD_MIN)
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -185,7 +188,13 @@ class SpikeGMMPosterior(nn.Module):
 
     def component_kl(self) -> torch.Tensor:
         """KL(N(μ_wk, σ_wk²) ‖ N(0, σ_0²)) per window and component, (W, K), differentiable."""
-        return gaussian_kl(self.means, self.log_stds, self.config.prior.slab_std)
+        return gaussian_kl(self.means, self.floored_log_stds(), self.config.prior.slab_std)
+
+    def floored_log_stds(self) -> torch.Tensor:
+        """log σ (W, K) as the posterior uses it: floored at :data:`LOG_STD_MIN` (σ ≈ 1.08e-19, K-means' floor).
+        The floor's gradient is 0, so training cannot drive σ to where 1/σ overflows (NaN gradients); above
+        it the values and gradients are those of ``log_stds`` exactly."""
+        return self.log_stds.clamp(min=LOG_STD_MIN)
 
     @property
     def weight_dtype(self) -> torch.dtype:
@@ -201,7 +210,7 @@ class SpikeGMMPosterior(nn.Module):
         self._check_precision()
         with_kl = torch.is_grad_enabled() and self.gate_logits.requires_grad
         weights = (self.weight, self.gate_logits)
-        flat = (*(t.reshape(-1) for t in weights), self.means, self.log_stds, self.mixing_logits)
+        flat = (*(t.reshape(-1) for t in weights), self.means, self.floored_log_stds(), self.mixing_logits)
         flat = (*flat, self.mask.reshape(-1), self.window_ids.reshape(-1))
         component_kl = self.component_kl() if with_kl else None
         self._kstar = None  # the last forward's k* (T bytes) is not kept alive beside this one's
@@ -265,7 +274,7 @@ class SpikeGMMPosterior(nn.Module):
             self.weight.detach().reshape(-1),
             self.window_ids.reshape(-1),
             self.means.detach(),
-            self.log_stds.detach(),
+            self.floored_log_stds().detach(),
             self.mixing_logits.detach(),
             self.config.responsibility,
             self.config.temperature,
