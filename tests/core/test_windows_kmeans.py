@@ -87,6 +87,8 @@ def test_constant_tensor_is_one_window():
 @example(values=[0.0, 2.2250738585072014e-308], k=2, seed=0)  # σ was 0 in float32
 @example(values=[0.0, 1.0, 2.2250738585072014e-308], k=3, seed=0)  # two centres equal in float32
 @example(values=[-35.0] + [0.0] * 48 + [1.0, 0.25], k=3, seed=0)  # a group's std below the floor (0.036)
+@example(values=[0.0, 0.0, 1.0, 0.5, 1.175494351e-38, 3.8851140159209315e-230, -1.0], k=5, seed=0)  # μ was NaN
+@example(values=[0.0, 1.0, 1.175494351e-38, 3.8851140159209315e-230, -1.0], k=4, seed=0)  # two centres at 0
 def test_kmeans_statistics_follow_the_appendix(values, k, seed):
     flat = torch.tensor(values, dtype=torch.float64)
     init = kmeans_1d(flat, k, generator=torch.Generator().manual_seed(seed))
