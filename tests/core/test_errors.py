@@ -3,8 +3,12 @@
 import pytest
 import sqs_core as sqs
 import torch
+import torch.nn.functional as F
+import torch.nn.utils.prune
+from sqs_core import layers
 from torch import nn
 from torch.nn.utils import parametrizations
+from torch.nn.utils import weight_norm as old_weight_norm
 
 
 def mlp():
@@ -47,15 +51,74 @@ def test_inf_weight_is_refused():
         (lambda: parametrizations.weight_norm(nn.Linear(4, 4)), "parametrized weight.*remove_parametrizations"),
         (lambda: parametrizations.spectral_norm(nn.Linear(4, 4)), "parametrized weight"),
         (lambda: nn.LazyLinear(4), "lazy module.*not initialised"),
+        (lambda: old_weight_norm(nn.Linear(4, 4)), "computes its weight.*remove_weight_norm"),
+        (lambda: _pruned(nn.Linear(4, 4)), "computes its weight.*prune.remove"),
+        (lambda: _ScaledLinear(4, 4), r"own forward \(.*_ScaledLinear.forward\).*register_layer_type"),
+        (lambda: _patched(nn.Linear(4, 4)), "forward set on the instance"),
+        (lambda: _hooked(nn.Linear(4, 4), "register_forward_hook"), "hooks \\(_forward_hooks\\)"),
+        (lambda: _hooked(nn.Linear(4, 4), "register_forward_pre_hook"), "hooks \\(_forward_pre_hooks\\)"),
+        (lambda: _hooked(nn.Linear(4, 4), "register_full_backward_hook"), "_backward_hooks"),
     ],
-    ids=["weight_norm", "spectral_norm", "lazy"],
+    ids=[
+        "weight_norm",
+        "spectral_norm",
+        "lazy",
+        "old_weight_norm",
+        "pruned",
+        "own_forward",
+        "patched",
+        "hook",
+        "pre_hook",
+        "backward_hook",
+    ],
 )
+@pytest.mark.filterwarnings("ignore:`torch.nn.utils.weight_norm` is deprecated:FutureWarning")
 def test_weights_sqs_cannot_take_over_are_refused_and_model_is_untouched(make_layer, fragment):
     model = nn.Sequential(nn.Linear(4, 4), make_layer(), nn.Linear(4, 2))
     text = repr(model)
     with pytest.raises(ValueError, match=rf"'1'.*{fragment}"):
         sqs.prepare_(model)
     assert repr(model) == text and not sqs.is_prepared(model)
+
+
+class _ScaledLinear(nn.Linear):  # like a scaled embedding or timm's StdConv2d: the forward is not F.linear
+    def forward(self, x):
+        return super().forward(x) * 10.0
+
+
+def _pruned(layer):
+    torch.nn.utils.prune.l1_unstructured(layer, "weight", amount=0.5)
+    return layer
+
+
+def _patched(layer):  # as accelerate's hooks patch a module: a forward on the instance
+    plain = layer.forward
+    layer.forward = lambda x: plain(x) * 2.0
+    return layer
+
+
+def _hooked(layer, register):
+    getattr(layer, register)(lambda module, *args: None)
+    return layer
+
+
+def test_a_registered_subclass_with_its_own_forward_is_compressed_with_its_adapter():
+    class Doubled(nn.Linear):
+        def forward(self, x):
+            return 2.0 * super().forward(x)
+
+    adapter = sqs.LayerAdapter(
+        forward=lambda base, x, w: 2.0 * F.linear(x, w, base.bias),
+        forward_no_bias=lambda base, x, w: 2.0 * F.linear(x, w),
+    )
+    sqs.register_layer_type(Doubled, adapter)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(Doubled(4, 4), nn.ReLU(), nn.Linear(4, 2))
+        sqs.prepare_(model)
+        assert sorted(sqs.sqs_layers(model)) == ["0", "2"]
+    finally:
+        layers._REGISTRY.pop(Doubled)
 
 
 def test_meta_weights_are_refused():

@@ -23,7 +23,7 @@ from torch import nn
 
 from .posterior import SpikeGMMPosterior
 
-__all__ = ["LayerAdapter", "SQSLayer", "adapter_for", "register_layer_type"]
+__all__ = ["LayerAdapter", "SQSLayer", "adapter_for", "own_forward", "register_layer_type"]
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,27 @@ def adapter_for(module: nn.Module) -> LayerAdapter | None:
     for cls in type(module).__mro__:
         if cls in _REGISTRY:
             return _REGISTRY[cls]
-    # transformers.pytorch_utils.Conv1D, recognised without importing transformers.
-    if type(module).__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "weight"):
+    if _is_hf_conv1d(type(module), module):
         return _HF_CONV1D
+    return None
+
+
+def _is_hf_conv1d(cls: type, module: nn.Module) -> bool:
+    """transformers.pytorch_utils.Conv1D (exactly that class), recognised without importing transformers."""
+    return cls is type(module) and cls.__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "weight")
+
+
+def own_forward(module: nn.Module) -> str | None:
+    """What replaces the forward that ``module``'s adapter reproduces, or None: an instance attribute
+    ``forward`` (a patched module) or a subclass of the registered type that defines its own ``forward``
+    (timm's StdConv2d, a scaled embedding). SQSLayer runs the adapter, never the module's forward."""
+    if "forward" in vars(module):
+        return "a forward set on the instance (a patched module)"
+    for cls in type(module).__mro__:
+        if cls in _REGISTRY or cls is nn.Module or _is_hf_conv1d(cls, module):
+            return None
+        if "forward" in vars(cls):
+            return f"its own forward ({cls.__module__}.{cls.__qualname__}.forward)"
     return None
 
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .config import SQSConfig
-from .layers import SQSLayer, adapter_for
+from .layers import SQSLayer, adapter_for, own_forward
 from .posterior import SpikeGMMPosterior
 
 __all__ = ["is_prepared", "posteriors", "prepare_", "sqs_layers"]
@@ -148,10 +148,39 @@ def _check_weight(name: str, module: nn.Module) -> None:
         raise ValueError(f"layer {name!r} is a lazy module whose weight is not initialised: run a forward pass first")
     if weight.is_meta:
         raise ValueError(f"layer {name!r} has its weight on the meta device (no values): load its weights first")
+    if not isinstance(module._parameters.get("weight"), nn.Parameter):
+        raise ValueError(
+            f"layer {name!r} computes its weight instead of holding it as a parameter (old-style "
+            "torch.nn.utils.weight_norm / spectral_norm, or torch.nn.utils.prune): remove that first "
+            "(remove_weight_norm, remove_spectral_norm, prune.remove) or exclude the layer"
+        )
+    _check_forward(name, module)
     if not weight.is_floating_point() or not torch.isfinite(weight).all():
         raise ValueError(f"layer {name!r} has a NaN or infinite weight (or a non-float dtype); fix it first")
     if weight.numel() == 0:
         raise ValueError(f"layer {name!r} has an empty weight {tuple(weight.shape)}: exclude it")
+
+
+def _check_forward(name: str, module: nn.Module) -> None:
+    """A ValueError for a layer whose call the SQS layer would not reproduce: SQSLayer computes the layer's
+    functional form with the posterior's weight and never calls the module (its hooks, its own forward)."""
+    replaced = own_forward(module)
+    if replaced is not None:
+        raise ValueError(
+            f"layer {name!r} ({type(module).__name__}) has {replaced}, which the SQS layer would not run: exclude "
+            "it, or register its type with sqs_core.register_layer_type(type, LayerAdapter(...)) computing that forward"
+        )
+    hooks = [kind for kind in _HOOKS if getattr(module, kind, None)]
+    if hooks:
+        raise ValueError(
+            f"layer {name!r} has hooks ({', '.join(hooks)}) that would never run on the SQS layer: remove them and "
+            "register them after prepare_ on sqs_core.sqs_layers(model)[name], or exclude the layer"
+        )
+    if isinstance(module, nn.Embedding) and module.sparse:
+        raise ValueError(f"layer {name!r} is an nn.Embedding with sparse=True (sparse gradients): SQS needs dense ones")
+
+
+_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 
 
 def _pin_padding_row(module: nn.Module, posterior: SpikeGMMPosterior) -> None:
