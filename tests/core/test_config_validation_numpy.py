@@ -67,3 +67,8 @@ def test_numpy_numbers_are_stored_as_plain_python_numbers(temperature, seed, com
         assert type(value) in (int, float)
     assert all(type(v) in (int, float) for v in config.overrides["fc"].values())
     assert sqs.SQSConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+def test_objective_takes_a_numpy_integer_num_data():
+    objective = sqs.Objective(prepared(), num_data=np.int64(60000))
+    assert objective.num_data == 60000 and type(objective.num_data) is int

@@ -69,6 +69,21 @@ def test_a_vanishing_std_is_floored_so_gradients_stay_finite(likelihood, log_std
     assert torch.all(grads[0]["0.posterior.log_stds"].view(-1)[::2] == 0)
 
 
+def test_training_after_an_inference_mode_forward_of_a_layer_the_step_does_not_use():
+    """A head used only in evaluation keeps the k* of its last forward; under torch.inference_mode (Lightning's
+    validation) that was an inference tensor, and every later Objective call failed to save it for backward."""
+    model = prepared()
+    with torch.inference_mode():
+        model(X)
+    head_only = model[2]
+    objective = sqs.Objective(model, num_data=6)
+    loss = objective(F.cross_entropy(model[1](model[0](X)) @ torch.ones(8, 2), Y))  # layer '2' not called
+    loss.backward()
+    assert (
+        head_only.posterior.gate_logits.grad is not None and torch.isfinite(head_only.posterior.gate_logits.grad).all()
+    )
+
+
 def test_an_overflowing_kl_weight_is_refused_with_the_loss():
     model = prepared(kl_weight=1e300)
     with pytest.raises(FloatingPointError, match="lower kl_weight"):

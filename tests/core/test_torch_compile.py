@@ -42,3 +42,20 @@ def test_torch_compile_of_a_prepared_model_matches_eager(likelihood):
     sqs.greedy_(model)  # the fixed mode compiles as an ordinary layer
     sqs.greedy_(reference)
     assert torch.allclose(compiled(x), reference(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_file_saved_from_the_compile_wrapper_loads_into_a_plain_skeleton_and_back(tmp_path):
+    """save/load/load_bayesian_average see through torch.compile's wrapper: before, the file's names carried
+    its '_orig_mod.' prefix and a plain skeleton refused it."""
+    torch.manual_seed(0)
+    model = sqs.prepare_(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), sqs.SQSConfig())
+    sqs.save(torch.compile(model), tmp_path / "m.sqs", nonzero=0.5)
+    plain = sqs.load(tmp_path / "m.sqs", nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
+    assert sorted(plain.state_dict()) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    skeleton = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    sqs.load(tmp_path / "m.sqs", torch.compile(skeleton))
+    average = sqs.load_bayesian_average(tmp_path / "m.sqs", torch.compile(copy.deepcopy(skeleton)), samples=2)
+    sqs.greedy_(model, nonzero=0.5)
+    x = torch.randn(4, 8)
+    assert torch.equal(skeleton(x), model(x)) and torch.equal(plain(x), model(x))
+    assert average(x).shape == (4, 3)

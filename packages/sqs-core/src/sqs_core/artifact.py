@@ -99,6 +99,7 @@ def save(
     A symlink at ``path`` is followed (its final target is rewritten); an existing file keeps its mode
     bits; an existing folder, FIFO or device at ``path`` is refused untouched.
     """
+    model = _uncompiled(model)
     config = prepared_config(model)
     check_flag("per_layer", per_layer)
     check_flag("include_alternatives", include_alternatives)
@@ -260,6 +261,7 @@ def load(
     ``mode="greedy"`` gives μ_{k*} (eq. greedy); ``mode="sample"`` one draw of eq. infer-theta from
     ``generator``, equal to :func:`sqs_core.sample_` on the saved model with the same generator state.
     """
+    skeleton = _uncompiled(skeleton)
     _check_skeleton(skeleton)
     if mode not in ("greedy", "sample"):
         raise ValueError(f"mode must be 'greedy' or 'sample', got {mode!r}")
@@ -275,6 +277,14 @@ def load(
         weights = {name: d.weights(d.draw(generator)) for name, d in art.posteriors().items()}
     _load_state(art, skeleton, weights)
     return skeleton
+
+
+def _uncompiled(model: Any) -> Any:
+    """The module inside a ``torch.compile`` wrapper (OptimizedModule), whose names carry no ``_orig_mod.``
+    prefix, so that a file saved from a compiled model loads into a plain skeleton and the reverse."""
+    while type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
+        model = model._orig_mod
+    return model
 
 
 def _check_alternatives(art: Artifact) -> None:
@@ -296,6 +306,7 @@ def load_bayesian_average(
     model for a generator in the same state. Every argument and the whole file are checked, and the draws
     made, before the skeleton's weights are set.
     """
+    skeleton = _uncompiled(skeleton)
     _check_skeleton(skeleton)
     check_arguments(samples, generator, average)
     art = read_artifact(path)

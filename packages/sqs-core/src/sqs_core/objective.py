@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import check_non_negative
+from ._checks import check_int, check_non_negative
 from .prepare import posteriors, prepared_config, sqs_layers
 
 __all__ = ["Objective"]
@@ -23,8 +23,7 @@ class Objective:
 
     def __init__(self, model: nn.Module, *, num_data: int, kl_weight: float | None = None) -> None:
         config = prepared_config(model)
-        if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data <= 0:
-            raise ValueError(f"num_data must be a positive int (training examples), got {num_data!r}")
+        num_data = check_int("num_data (training examples)", num_data, 1)
         beta = check_non_negative("kl_weight", config.kl_weight if kl_weight is None else kl_weight)
         self.model = model
         self.num_data = num_data

@@ -250,6 +250,8 @@ class SpikeGMMPosterior(nn.Module):
         kstar = self._kstar
         if kstar is None or kstar.numel() != self.weight.numel():
             kstar = self.greedy_levels().reshape(-1)
+        elif kstar.is_inference() and not torch.is_inference_mode_enabled():
+            kstar = kstar.clone()  # from a forward under torch.inference_mode: autograd cannot save it
         spec = self.spec()
         flat = (self.gate_logits.reshape(-1), self.component_kl(), self.mask.reshape(-1), self.window_ids.reshape(-1))
         return gate_kl(*flat, kstar, spec.gate_temperature, spec.prior_keep, compiled=spec.compiled)
@@ -288,8 +290,9 @@ class SpikeGMMPosterior(nn.Module):
         if low:
             raise ValueError(
                 f"the SQS posterior was cast to half precision: {', '.join(low)}; it must stay float32 or float64 "
-                "(prepare_ keeps it so for half-precision layers, whose forward still runs in their own dtype): "
-                "cast it back, e.g. model.float() after model.half()"
+                "(prepare_ keeps it so for half-precision layers, whose forward still runs in their own dtype). "
+                "model.float() makes it usable again, but the cast has already rounded θ, μ, σ, π and the gates to "
+                "half precision: reload the posterior from a checkpoint (load_state_dict) to undo that"
             )
 
     @torch.no_grad()
