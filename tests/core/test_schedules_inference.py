@@ -106,3 +106,23 @@ def test_sampling_is_seeded_and_averaging_one_sample_equals_one_draw():
     assert torch.equal(avg(x), outs[0])
     d = next(iter(sqs.discrete_posteriors(model, nonzero=0.6).values()))
     assert d.alt_index.numel() > 0
+
+
+def test_a_schedule_step_between_forward_and_backward_leaves_that_backward_alone():
+    """The mask is replaced, not written into: the backward of a forward uses the mask that forward used (an
+    in-place update failed it with autograd's version error)."""
+    grads = []
+    for step_in_between in (False, True):
+        model = prepared()
+        pruning = sqs.PruningSchedule(model, target_nonzero=0.3, total_steps=2)
+        x = torch.randn(5, 10, generator=torch.Generator().manual_seed(0))
+        loss = sqs.Objective(model, num_data=5)(model(x).square().mean())
+        if step_in_between:
+            pruning.step(2)  # the end: 30% kept
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+        if step_in_between:
+            assert sum(int(p.mask.sum()) for p in sqs.posteriors(model).values()) < 0.5 * sum(
+                p.mask.numel() for p in sqs.posteriors(model).values()
+            )
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))

@@ -168,11 +168,15 @@ class SpikeGMMPosterior(nn.Module):
 
     @torch.no_grad()
     def set_mask_(self, keep: torch.Tensor | bool) -> None:
-        """Set the pruning mask to ``keep`` (a bool tensor of θ's shape, or True for all), the pinned rows pruned."""
+        """Set the pruning mask to ``keep`` (a bool tensor of θ's shape, or True for all), the pinned rows pruned.
+        A new buffer, not a write into the old one: a forward's backward keeps the mask that forward used (the
+        schedule may step between the two; an in-place write failed that backward with autograd's error)."""
+        mask = torch.empty_like(self.mask)
         if isinstance(keep, torch.Tensor):
-            self.mask.copy_(keep)
+            mask.copy_(keep)
         else:
-            self.mask.fill_(keep)
+            mask.fill_(keep)
+        self.mask = mask
         self._prune_pinned()
 
     @torch.no_grad()
