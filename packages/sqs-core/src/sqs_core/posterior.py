@@ -177,6 +177,7 @@ class SpikeGMMPosterior(nn.Module):
         else:
             mask.fill_(keep)
         self.mask = mask
+        self._pending_kl = None  # summed at the old mask (its key would not tell: the new buffer is version 0)
         self._prune_pinned()
 
     @torch.no_grad()
