@@ -84,6 +84,38 @@ def test_training_after_an_inference_mode_forward_of_a_layer_the_step_does_not_u
     )
 
 
+def test_loading_a_posterior_into_a_fixed_layer_puts_it_back_to_variational(caplog):
+    """A greedy weight was drawn from the posterior that load_state_dict replaces (and state_dict does not
+    hold it): the layer used to keep computing with that stale weight."""
+    model = prepared()
+    checkpoint = copy.deepcopy(model.state_dict())
+    with torch.no_grad():
+        sqs.posteriors(model)["0"].means.add_(0.5)
+    sqs.greedy_(model)
+    heads_only = {k: v for k, v in checkpoint.items() if not k.startswith("0.")}
+    model.load_state_dict(heads_only, strict=False)  # layer '0''s posterior untouched: its greedy weight stays
+    assert sqs.sqs_layers(model)["0"].mode == "fixed" and sqs.sqs_layers(model)["2"].mode == "variational"
+    model.load_state_dict(checkpoint)
+    assert all(layer.mode == "variational" for layer in sqs.sqs_layers(model).values())
+    assert torch.equal(model[0].weight, prepared()[0].weight)  # θ^avg of the loaded posterior
+    assert "back to the variational mode" in caplog.text
+
+
+def test_a_module_holding_a_prepared_model_works_with_every_entry_point(tmp_path):
+    """prepare_(net.backbone), AveragedModel(model), DDP-like wrappers: the entry points said "not prepared"."""
+    wrapper = nn.Sequential(prepared(), nn.Softmax(dim=-1))
+    objective = sqs.Objective(wrapper, num_data=6)
+    objective(F.nll_loss(wrapper(X).log(), Y)).backward()
+    assert len(sqs.param_groups(wrapper)[0]["params"]) == 6
+    sqs.save(wrapper, tmp_path / "m.sqs", nonzero=0.5)
+    sqs.greedy_(wrapper, nonzero=0.5)
+    with pytest.raises(ValueError, match="not a model prepare_ was called on"):
+        sqs.Objective(wrapper[0][2:], num_data=6)  # a part of a prepared model
+    other = sqs.prepare_(mlp(), sqs.SQSConfig(num_components=8))
+    with pytest.raises(ValueError, match="different configs \\('0', '1'\\)"):
+        sqs.Objective(nn.Sequential(prepared(), other), num_data=6)
+
+
 def test_an_overflowing_kl_weight_is_refused_with_the_loss():
     model = prepared(kl_weight=1e300)
     with pytest.raises(FloatingPointError, match="lower kl_weight"):

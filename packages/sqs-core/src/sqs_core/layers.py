@@ -13,6 +13,7 @@ their own layer types with :func:`register_layer_type`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .posterior import SpikeGMMPosterior
+
+log = logging.getLogger(__name__)
 
 __all__ = ["LayerAdapter", "SQSLayer", "adapter_for", "own_forward", "register_layer_type"]
 
@@ -120,6 +123,15 @@ def own_forward(module: nn.Module) -> str | None:
     return None
 
 
+def _variational_before_load(layer: SQSLayer, state_dict: dict, prefix: str, *_: Any) -> None:
+    """load_state_dict's pre-hook: a fixed weight (greedy_, sample_) was drawn from the posterior about to be
+    replaced, and ``state_dict`` does not hold it (a non-persistent buffer), so the layer goes back to the
+    variational mode instead of computing with a stale weight; call greedy_ or sample_ again."""
+    if layer.mode == "fixed" and any(key.startswith(f"{prefix}posterior.") for key in state_dict):
+        log.warning("SQS layer %r: load_state_dict replaced its posterior; back to the variational mode", prefix[:-1])
+        layer.set_variational()
+
+
 class SQSLayer(nn.Module):
     """Wraps ``base_layer``; its weight comes from ``posterior`` (shared between tied layers)."""
 
@@ -132,6 +144,7 @@ class SQSLayer(nn.Module):
         self.adapter = adapter
         self.mode = "variational"
         self.register_buffer("fixed_weight", None, persistent=False)
+        self.register_load_state_dict_pre_hook(_variational_before_load)
 
     def set_fixed_weight(self, weight: torch.Tensor) -> None:
         """Switch to the ``fixed`` mode with a concrete (sparse, quantized) weight, in the layer's dtype."""

@@ -223,6 +223,18 @@ def _log_prepared(num_layers: int, posteriors: list[SpikeGMMPosterior]) -> None:
 def prepared_config(model: nn.Module) -> SQSConfig:
     """The config ``prepare_`` used; raises a clear error for a model that was not prepared."""
     config = getattr(model, _MARK, None)
-    if config is None or not sqs_layers(model):
+    if config is not None and sqs_layers(model):
+        return config
+    if not sqs_layers(model):
         raise ValueError("model was not prepared for SQS: call sqs_core.prepare_(model, config) first")
-    return config
+    # a wrapper of prepared modules (DDP, AveragedModel, a module holding a prepared backbone)
+    marked = {name: getattr(m, _MARK) for name, m in model.named_modules() if getattr(m, _MARK, None) is not None}
+    if len(set(marked.values())) == 1:
+        return next(iter(marked.values()))
+    raise ValueError(
+        "model holds SQS layers of modules prepared with different configs "
+        f"({', '.join(map(repr, marked))}): pass one of them"
+        if marked
+        else "model holds SQS layers but is not a model prepare_ was called on, nor holds one (a part of a prepared "
+        "model?): pass the model given to sqs_core.prepare_"
+    )
