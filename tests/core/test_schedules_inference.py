@@ -126,3 +126,26 @@ def test_a_schedule_step_between_forward_and_backward_leaves_that_backward_alone
                 p.mask.numel() for p in sqs.posteriors(model).values()
             )
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+@settings(max_examples=15)
+@given(trained=st.floats(0.1, 0.6), extra=st.floats(0.05, 0.4), per_layer=st.booleans(), seed=st.integers(0, 50))
+def test_nonzero_above_the_schedule_keeps_the_pruned_weights_with_the_highest_gates(trained, extra, per_layer, seed):
+    """Weights the schedule pruned all have λ̂ = 0; a larger ``nonzero`` used to take them by flat position (the
+    first rows of the first layers), now by the gates they had before the mask, after every unpruned one."""
+    model = prepared(seed)
+    with torch.no_grad():
+        for p in sqs.posteriors(model).values():
+            p.gate_logits.copy_(torch.randn(p.gate_logits.shape) * 0.01)
+    sqs.PruningSchedule(model, target_nonzero=trained, total_steps=1).step(1)
+    dists = sqs.discrete_posteriors(model, nonzero=min(1.0, trained + extra), per_layer=per_layer)
+    posts = list(sqs.posteriors(model).values())
+    masks = [p.mask.reshape(-1) for p in posts]
+    keeps = [d.keep.reshape(-1) for d in dists.values()]
+    logits = [p.keep_logits().reshape(-1) for p in posts]
+    groups = zip(masks, keeps, logits, strict=True) if per_layer else [tuple(map(torch.cat, (masks, keeps, logits)))]
+    for mask, keep, logit in groups:
+        revived, left = keep & ~mask, ~keep & ~mask
+        if bool(revived.any()):  # some pruned weight is back: every unpruned one is kept, and the best pruned
+            assert bool(keep[mask].all())
+            assert not bool(left.any()) or logit[revived].min() >= logit[left].max()

@@ -3,6 +3,7 @@ Non-zero quantile of λ̂ (global by default), and Bayesian averaging of M draws
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import partial
 
@@ -11,10 +12,27 @@ from torch import nn
 
 from ._checks import check_flag, check_generator, check_int
 from .discrete import DiscretePosterior
+from .posterior import SpikeGMMPosterior
 from .prepare import posteriors, prepared_config, sqs_layers
 from .selection import keep_top_fraction
 
 __all__ = ["BayesianAverage", "discrete_posteriors", "greedy_", "sample_", "variational_"]
+
+log = logging.getLogger(__name__)
+
+
+def _log_revived(posts: dict[str, SpikeGMMPosterior], keep: dict[str, torch.Tensor]) -> None:
+    """A warning when ``nonzero`` keeps weights the pruning schedule had forced to zero (trained at λ̃ = 0)."""
+    revived = sum(int(p.without_pinned(keep[name] & ~p.mask, False).sum()) for name, p in posts.items())
+    if revived:
+        total = sum(p.mask.numel() for p in posts.values())
+        log.warning(
+            "nonzero keeps %d weights (%.2f%% of %d) that the pruning schedule had pruned in training; they are "
+            "chosen by their gates before the mask",
+            revived,
+            100.0 * revived / total,
+            total,
+        )
 
 
 @torch.no_grad()
@@ -37,8 +55,9 @@ def discrete_posteriors(
     if nonzero is None:
         keep = {name: p.mask.clone() for name, p in posts.items()}
     else:
-        scores = {name: p.effective_keep_logits() for name, p in posts.items()}  # ranks as λ̂
+        scores = {name: p.pruning_keys() for name, p in posts.items()}  # ranks as λ̂, ties by λ̃ before the mask
         keep = keep_top_fraction(scores, nonzero, per_layer=per_layer)
+        _log_revived(posts, keep)
     out = {}
     for name, p in posts.items():
         greedy, (alt_index, alt_probs) = p.levels_and_alternatives(alternatives=alternatives)  # one pass

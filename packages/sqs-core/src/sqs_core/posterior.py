@@ -151,6 +151,17 @@ class SpikeGMMPosterior(nn.Module):
         return torch.where(self.mask, self.keep_logits(), float("-inf"))
 
     @torch.no_grad()
+    def pruning_keys(self) -> torch.Tensor:
+        """int64 keys (θ's shape) that rank as λ̂ and break its ties: every weight the mask keeps above every
+        one it prunes, each group ordered by s̃ / τ' (the pruned ones by the λ̃ they had before the mask; their
+        λ̂ ties at 0, which inference used to break by position), the pinned rows lowest. The float32 logit's
+        bits are mapped to an int32 of the same order (a negative float's magnitude bits flipped)."""
+        bits = self.keep_logits().float().contiguous().view(torch.int32)
+        ordered = torch.where(bits < 0, bits ^ torch.iinfo(torch.int32).max, bits).long()
+        keys = ordered + (self.mask.long() << 33)
+        return self.without_pinned(keys, -(1 << 40))
+
+    @torch.no_grad()
     def pin_zero_rows_(self, rows: Sequence[int]) -> None:
         """Prune these rows of θ (along dim 0; added to those pinned already) for good: their mask is 0 now, after
         every pruning-schedule update and state-dict load, and in every inference keep pattern, so they stay

@@ -21,6 +21,11 @@ def check_nonzero(nonzero: Any, *, name: str = "nonzero") -> float:
     return out
 
 
+def _flat_scores(scores: torch.Tensor) -> torch.Tensor:
+    flat = scores.detach().reshape(-1)
+    return flat if not flat.is_floating_point() and flat.dtype != torch.bool else flat.float()
+
+
 def _keep_top(scores: torch.Tensor, n_keep: int) -> torch.Tensor:
     """Bool mask keeping exactly ``n_keep`` highest scores; ties broken by flat position (first wins)."""
     total = scores.numel()
@@ -38,16 +43,17 @@ def keep_top_fraction(
 ) -> dict[str, torch.Tensor]:
     """Masks keeping the ``nonzero`` fraction of highest scores: globally over all tensors (default) or
     within each tensor. Scores below the Non-zero quantile are pruned; the kept count is
-    round(nonzero · T) exactly (at least one weight)."""
+    round(nonzero · T) exactly (at least one weight). Float scores are ranked as float32, integer ones as
+    they are."""
     nonzero = check_nonzero(nonzero)
     if per_layer:
         out = {}
         for name, s in scores.items():
-            flat = s.detach().reshape(-1).float()
+            flat = _flat_scores(s)
             n_keep = max(1, round(nonzero * flat.numel()))
             out[name] = _keep_top(flat, n_keep).reshape(s.shape)
         return out
-    flats = [s.detach().reshape(-1).float() for s in scores.values()]
+    flats = [_flat_scores(s) for s in scores.values()]
     cat = torch.cat(flats)
     mask = _keep_top(cat, max(1, round(nonzero * cat.numel())))
     out, start = {}, 0
