@@ -202,9 +202,11 @@ class SpikeGMMPosterior(nn.Module):
             return tensor
         return tensor.index_fill(0, torch.tensor(self.pinned_zero_rows, device=tensor.device), fill)
 
-    def component_kl(self) -> torch.Tensor:
-        """KL(N(μ_wk, σ_wk²) ‖ N(0, σ_0²)) per window and component, (W, K), differentiable."""
-        return gaussian_kl(self.means, self.floored_log_stds(), self.config.prior.slab_std)
+    def component_kl(self, log_stds: torch.Tensor | None = None) -> torch.Tensor:
+        """KL(N(μ_wk, σ_wk²) ‖ N(0, σ_0²)) per window and component, (W, K), differentiable; ``log_stds``: the
+        floored log σ if the caller has it (one clamp node, so log σ's gradient sums as without the floor)."""
+        log_stds = self.floored_log_stds() if log_stds is None else log_stds
+        return gaussian_kl(self.means, log_stds, self.config.prior.slab_std)
 
     def floored_log_stds(self) -> torch.Tensor:
         """log σ (W, K) as the posterior uses it: floored at :data:`LOG_STD_MIN` (σ ≈ 1.08e-19, K-means' floor).
@@ -226,9 +228,10 @@ class SpikeGMMPosterior(nn.Module):
         self._check_precision()
         with_kl = torch.is_grad_enabled() and self.gate_logits.requires_grad
         weights = (self.weight, self.gate_logits)
-        flat = (*(t.reshape(-1) for t in weights), self.means, self.floored_log_stds(), self.mixing_logits)
+        log_stds = self.floored_log_stds()
+        flat = (*(t.reshape(-1) for t in weights), self.means, log_stds, self.mixing_logits)
         flat = (*flat, self.mask.reshape(-1), self.window_ids.reshape(-1))
-        component_kl = self.component_kl() if with_kl else None
+        component_kl = self.component_kl(log_stds) if with_kl else None
         self._kstar = None  # the last forward's k* (T bytes) is not kept alive beside this one's
         mean, var, kstar, kl = posterior_moments(flat, self.spec(), second, self._window_ranges(), component_kl)
         self._kstar = kstar
