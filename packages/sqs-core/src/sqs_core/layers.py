@@ -96,17 +96,22 @@ def adapter_for(module: nn.Module) -> LayerAdapter | None:
     """The adapter for ``module``'s type, or None if SQS does not know how to compress it."""
     if isinstance(module, SQSLayer):
         return None
+    found = _registered_type(module)
+    if found is None:
+        return None
+    return _REGISTRY.get(found, _HF_CONV1D)
+
+
+def _registered_type(module: nn.Module) -> type | None:
+    """The class in ``module``'s MRO whose adapter it gets: the first registered one, else transformers'
+    Conv1D (exactly that class, recognised without importing transformers), else None."""
     for cls in type(module).__mro__:
         if cls in _REGISTRY:
-            return _REGISTRY[cls]
-    if _is_hf_conv1d(type(module), module):
-        return _HF_CONV1D
+            return cls
+    cls = type(module)
+    if cls.__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "weight"):
+        return cls
     return None
-
-
-def _is_hf_conv1d(cls: type, module: nn.Module) -> bool:
-    """transformers.pytorch_utils.Conv1D (exactly that class), recognised without importing transformers."""
-    return cls is type(module) and cls.__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "weight")
 
 
 def own_forward(module: nn.Module) -> str | None:
@@ -115,8 +120,9 @@ def own_forward(module: nn.Module) -> str | None:
     (timm's StdConv2d, a scaled embedding). SQSLayer runs the adapter, never the module's forward."""
     if "forward" in vars(module):
         return "a forward set on the instance (a patched module)"
+    registered = _registered_type(module)
     for cls in type(module).__mro__:
-        if cls in _REGISTRY or cls is nn.Module or _is_hf_conv1d(cls, module):
+        if cls is registered or cls is nn.Module:
             return None
         if "forward" in vars(cls):
             return f"its own forward ({cls.__module__}.{cls.__qualname__}.forward)"

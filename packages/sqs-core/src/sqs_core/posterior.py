@@ -30,7 +30,7 @@ from .chunked import (
     uncertain_log_responsibilities,
 )
 from .config import SpikeSlabPrior, SQSConfig
-from .kmeans import GMMInit, kmeans_1d_sorted, sorted_values
+from .kmeans import GMMInit, kmeans_1d_sorted, order_keys, sorted_values
 from .mixture import gaussian_kl
 from .onehot import window_value_ranges
 from .windows import assign_windows
@@ -154,11 +154,9 @@ class SpikeGMMPosterior(nn.Module):
     def pruning_keys(self) -> torch.Tensor:
         """int64 keys (θ's shape) that rank as λ̂ and break its ties: every weight the mask keeps above every
         one it prunes, each group ordered by s̃ / τ' (the pruned ones by the λ̃ they had before the mask; their
-        λ̂ ties at 0, which inference used to break by position), the pinned rows lowest. The float32 logit's
-        bits are mapped to an int32 of the same order (a negative float's magnitude bits flipped)."""
-        bits = self.keep_logits().float().contiguous().view(torch.int32)
-        ordered = torch.where(bits < 0, bits ^ torch.iinfo(torch.int32).max, bits).long()
-        keys = ordered + (self.mask.long() << 33)
+        λ̂ ties at 0, which inference used to break by position), the pinned rows lowest: the float32 logit's
+        :func:`~sqs_core.kmeans.order_keys`, offset by the mask."""
+        keys = order_keys(self.keep_logits().float()).long() + (self.mask.long() << 33)
         return self.without_pinned(keys, -(1 << 40))
 
     @torch.no_grad()

@@ -161,6 +161,9 @@ def _check_weight(name: str, module: nn.Module) -> None:
         raise ValueError(f"layer {name!r} has an empty weight {tuple(weight.shape)}: exclude it")
 
 
+_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
 def _check_forward(name: str, module: nn.Module) -> None:
     """A ValueError for a layer whose call the SQS layer would not reproduce: SQSLayer computes the layer's
     functional form with the posterior's weight and never calls the module (its hooks, its own forward)."""
@@ -178,9 +181,6 @@ def _check_forward(name: str, module: nn.Module) -> None:
         )
     if isinstance(module, nn.Embedding) and module.sparse:
         raise ValueError(f"layer {name!r} is an nn.Embedding with sparse=True (sparse gradients): SQS needs dense ones")
-
-
-_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 
 
 def _pin_padding_row(module: nn.Module, posterior: SpikeGMMPosterior) -> None:
@@ -222,11 +222,11 @@ def _log_prepared(num_layers: int, posteriors: list[SpikeGMMPosterior]) -> None:
 
 def prepared_config(model: nn.Module) -> SQSConfig:
     """The config ``prepare_`` used; raises a clear error for a model that was not prepared."""
-    config = getattr(model, _MARK, None)
-    if config is not None and sqs_layers(model):
-        return config
     if not sqs_layers(model):
         raise ValueError("model was not prepared for SQS: call sqs_core.prepare_(model, config) first")
+    config = getattr(model, _MARK, None)
+    if config is not None:
+        return config
     # a wrapper of prepared modules (DDP, AveragedModel, a module holding a prepared backbone)
     marked = {name: getattr(m, _MARK) for name, m in model.named_modules() if getattr(m, _MARK, None) is not None}
     if len(set(marked.values())) == 1:

@@ -22,8 +22,9 @@ def check_nonzero(nonzero: Any, *, name: str = "nonzero") -> float:
 
 
 def _flat_scores(scores: torch.Tensor) -> torch.Tensor:
+    """Flat scores to rank: integer keys as they are, floats (and bools) as float32."""
     flat = scores.detach().reshape(-1)
-    return flat if not flat.is_floating_point() and flat.dtype != torch.bool else flat.float()
+    return flat.float() if flat.is_floating_point() or flat.dtype == torch.bool else flat
 
 
 def _keep_top(scores: torch.Tensor, n_keep: int) -> torch.Tensor:
