@@ -5,7 +5,9 @@
   clipped to [0, 1]; at each update the lowest-λ̃ fraction p_t of all gates (global across layers by
   default) gets mask 0, i.e. λ̃ = 0 in the forward pass and the KL. Masks are recomputed from the raw
   λ̃ at every update, so a pruned weight can return if others fall below it; after t_1 the mask is the
-  target's. Starting the ramp after a warm-up (``start_fraction``) lets the gates learn first.
+  target's. Starting the ramp after a warm-up (``start_fraction``) lets the gates learn first. Its state
+  (the rate of its last update) is ``state_dict()``'s; a fresh schedule whose first ``step(t)`` finds the
+  model already pruned (a resumed run) takes the state an uninterrupted run of it had after step t − 1.
 * :class:`GateTemperatureSchedule` — τ' is halved after half of the steps. τ'_0 is the prepared config's, so
   τ' at step t depends on t alone: a fresh schedule on a model resumed from a checkpoint (whose τ' buffer
   already holds τ'_0/2) sets the same τ' as an uninterrupted run.
@@ -13,7 +15,9 @@
 
 from __future__ import annotations
 
+import logging
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,6 +25,8 @@ from torch import nn
 from ._checks import check_flag, check_int, check_real
 from .prepare import posteriors, prepared_config
 from .selection import check_nonzero, keep_top_fraction
+
+log = logging.getLogger(__name__)
 
 __all__ = ["GateTemperatureSchedule", "PruningSchedule"]
 
@@ -66,6 +72,7 @@ class PruningSchedule:
         self.per_layer = check_flag("per_layer", per_layer)
         self.model = model
         self.current_nonzero = 1.0
+        self._started = False  # False until the first step() or load_state_dict()
 
     def nonzero_at(self, step: int) -> float:
         """The non-zero rate the schedule asks for at ``step``."""
@@ -80,6 +87,15 @@ class PruningSchedule:
     def step(self, step: int) -> float:
         """Update the masks (every ``update_every`` steps and at the end); returns the current rate."""
         step = _check_step(step)
+        if not self._started:
+            self._started = True
+            if step > 0 and self._model_pruned():
+                self.current_nonzero = self._reported_after(step - 1)
+                log.info(
+                    "PruningSchedule: the model is pruned already; resuming at step %d at rate %.6g",
+                    step,
+                    self.current_nonzero,
+                )
         nonzero = self.nonzero_at(step)
         final = step >= self.end
         if step % self.update_every != 0 and not (final and not math.isclose(nonzero, self.current_nonzero)):
@@ -95,6 +111,48 @@ class PruningSchedule:
                 p.set_mask_(masks[name])
         self.current_nonzero = nonzero
         return nonzero
+
+    def _reported_after(self, step: int) -> float:
+        """The rate an uninterrupted run of this schedule (``step(0)``, ``step(1)``, ...) holds after ``step(step)``:
+        that of its last multiple of ``update_every``, or from the first step past the ramp, the target's."""
+        last_update = step - step % self.update_every
+        held = self.nonzero_at(last_update)
+        if step < self.end or last_update >= self.end:
+            return held
+        target = self.nonzero_at(step)
+        return held if math.isclose(target, held) else target
+
+    def _model_pruned(self) -> bool:
+        """Whether any mask prunes a weight other than the pinned rows (which are pruned from the start)."""
+        return any(not bool(p.without_pinned(p.mask, True).all()) for p in posteriors(self.model).values())
+
+    def state_dict(self) -> dict[str, float | int | bool]:
+        """The schedule's settings and the rate of its last update, for a checkpoint (a resumed run that does
+        not load it gets the same rate from :meth:`step`, inferred from the step number)."""
+        return {**self._settings(), "current_nonzero": self.current_nonzero}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the rate of :meth:`state_dict`; its settings must be this schedule's (ValueError naming those
+        that differ, nothing changed)."""
+        if not isinstance(state, dict) or set(state) != {*self._settings(), "current_nonzero"}:
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a PruningSchedule state_dict: got {keys!r}, expected {sorted(self.state_dict())}")
+        differ = {k: (state[k], v) for k, v in self._settings().items() if state[k] != v}
+        if differ:
+            said = ", ".join(f"{k}={got!r} (this schedule: {ours!r})" for k, (got, ours) in differ.items())
+            raise ValueError(f"the state_dict is of another PruningSchedule: {said}")
+        current = check_nonzero(state["current_nonzero"], name="current_nonzero")
+        self.current_nonzero, self._started = current, True
+
+    def _settings(self) -> dict[str, float | int | bool]:
+        return {
+            "target_nonzero": self.target_nonzero,
+            "total_steps": self.total_steps,
+            "start_step": self.start,
+            "end_step": self.end,
+            "update_every": self.update_every,
+            "per_layer": self.per_layer,
+        }
 
 
 class GateTemperatureSchedule:
