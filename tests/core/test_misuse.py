@@ -262,3 +262,18 @@ def test_prepare_refuses_a_dict_config_and_an_empty_layer():
     with pytest.raises(ValueError, match=r"layer '1' has an empty weight \(3, 0\)"):
         sqs.prepare_(model)
     assert not sqs.is_prepared(model)
+
+
+def test_second_order_gradients_of_the_posterior_fail_clearly_and_input_penalties_work():
+    model = prepared()
+    x = X.clone().requires_grad_()
+    out = model(x)
+    (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)  # an input-gradient penalty: first order in s̃, μ
+    (g.pow(2).sum() + F.cross_entropy(out, Y)).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    objective = sqs.Objective(model, num_data=100)
+    first_order = "SQS posteriors give first-order gradients only"
+    gates = sqs.posteriors(model)["0"].gate_logits
+    for loss in (lambda: objective(F.cross_entropy(model(X), Y)), objective.kl):  # the fused forward, the gate KL
+        with pytest.raises(RuntimeError, match=first_order):
+            torch.autograd.grad(loss(), gates, create_graph=True)

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from . import chunked
+from ._checks import check_first_order
 from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
 from ._fused_uncovered import bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
@@ -304,6 +305,7 @@ class FusedPosteriorMoments(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_mean, grad_var, _grad_kstar, grad_kl):
+        check_first_order()
         theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes, *rest = (
             ctx.saved_tensors
         )

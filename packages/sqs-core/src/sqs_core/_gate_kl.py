@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ._checks import check_first_order
 from ._index_add import index_add_all
 from .chunked import _chunk_ranges, _flat_index, _gate_probs, _kl_gate_grads, _kl_terms_sum
 
@@ -33,6 +34,7 @@ class _GateKL(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        check_first_order()
         gate_logits, component_kl, mask, window_ids, kstar = ctx.saved_tensors
         _, chunk_grads = _gate_kl_parts(ctx.compiled)
         g_gate = torch.empty_like(gate_logits)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ._checks import check_first_order
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients, nearby_moments, nearby_vjp
 from .mixture import bernoulli_kl, component_log_density, log_responsibilities
@@ -153,6 +154,7 @@ class _PosteriorMoments(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_mean, grad_var, _grad_kstar, grad_kl):
+        check_first_order()
         theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes, *indices = (
             ctx.saved_tensors
         )
