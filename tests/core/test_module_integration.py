@@ -55,10 +55,7 @@ def test_transformer_encoder_layer_trains_through_out_proj_weight(tmp_path):
 
 def test_a_prepared_model_pickles_whole():
     model = sqs.prepare_(nn.Sequential(nn.Conv1d(2, 4, 3), nn.Flatten(), nn.Linear(24, 3)), sqs.SQSConfig())
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    buffer.seek(0)
-    again = torch.load(buffer, weights_only=False)
+    again = torch.load(_pickled(model), weights_only=False)
     x = torch.randn(2, 2, 8)
     assert torch.equal(again(x), model(x))
     assert list(sqs.sqs_layers(again)) == list(sqs.sqs_layers(model))
@@ -80,3 +77,49 @@ def test_assigning_bias_sets_the_wrapped_modules_and_weight_is_refused():
     with pytest.raises(AttributeError, match="set_fixed_weight"):
         layer.weight = nn.Parameter(torch.zeros(3, 6))
     assert "weight" not in dict(layer.named_parameters(recurse=False))
+
+
+class _SizedNet(nn.Module):
+    """Model code that reads its layers' sizes, as many models do (reshapes, assertions, heads)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8, padding_idx=0)
+        self.conv = nn.Conv1d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, tokens):
+        h = self.emb(tokens).transpose(1, 2)
+        assert h.shape[1] == self.conv.in_channels == self.emb.embedding_dim
+        return self.fc(self.conv(h).mean(-1)).reshape(-1, self.fc.out_features)
+
+
+def test_a_prepared_layer_passes_on_the_wrapped_modules_data_attributes():
+    torch.manual_seed(0)
+    model, tokens = _SizedNet(), torch.randint(0, 10, (2, 5))
+    plain = {n: dict(vars(m)) for n, m in model.named_children()}
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4))
+    assert model(tokens).shape == (2, 3)
+    for name, attrs in plain.items():
+        layer = getattr(model, name)
+        for attr, value in attrs.items():
+            if not attr.startswith("_") and attr != "training":
+                assert getattr(layer, attr) == value, (name, attr)
+    assert model.fc.in_features == 8 and model.emb.padding_idx == 0 and model.conv.kernel_size == (3,)
+    model.conv.padding = 0  # sets the wrapped conv's, which the forward uses
+    assert model.conv.base_layer.padding == 0 and "padding" not in vars(model.conv)
+    assert model.conv(torch.randn(1, 8, 5)).shape == (1, 8, 3)
+    model.eval()  # training is the layer's own, not passed on
+    assert not model.fc.training and not model.fc.base_layer.training
+    for missing in ("reset_parameters", "no_such_attribute", "_conv_forward"):  # methods and private names are not
+        with pytest.raises(AttributeError, match=missing):
+            getattr(model.conv, missing)
+    copy.deepcopy(model)(tokens)
+    torch.load(_pickled(model), weights_only=False)(tokens)
+
+
+def _pickled(model):
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    return buffer

@@ -138,6 +138,20 @@ def _variational_before_load(layer: SQSLayer, state_dict: dict, prefix: str, *_:
         layer.set_variational()
 
 
+_OWN = frozenset({"base_layer", "posterior", "adapter", "mode", "fixed_weight", "training"})
+
+
+def _passes_to(layer: nn.Module, name: str) -> nn.Module | None:
+    """The wrapped module if ``layer.name`` means its data attribute ``name``: one of its instance attributes or
+    its parameters or buffers (not ``weight``, which the posterior replaced), never a private name."""
+    base = layer.__dict__.get("_modules", {}).get("base_layer")
+    if base is None or name.startswith("_") or name in _OWN or name == "weight":
+        return None
+    if name in base.__dict__ or name in base._parameters or name in base._buffers:
+        return base
+    return None
+
+
 class SQSLayer(nn.Module):
     """Wraps ``base_layer``; its weight comes from ``posterior`` (shared between tied layers)."""
 
@@ -174,6 +188,18 @@ class SQSLayer(nn.Module):
         (a Parameter, a tensor or None) sets the wrapped module's, which the forward uses."""
         return getattr(self.base_layer, "bias", None)
 
+    def __getattr__(self, name: str) -> Any:
+        """nn.Module's lookup (parameters, buffers, submodules), then the wrapped module's data attributes
+        (``in_features``, ``out_channels``, ``padding_idx``, ``nf``, a registered type's own parameters), so that
+        model code reading them runs after ``prepare_``; not its methods, which act on the weight it no longer has."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            base = _passes_to(self, name)
+            if base is None:
+                raise
+            return getattr(base, name)
+
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "bias":  # nn.Module would register a second 'bias' or find no setter on the property
             self.base_layer.bias = value
@@ -183,6 +209,8 @@ class SQSLayer(nn.Module):
                 "set a concrete weight with set_fixed_weight(weight), or prepare a plain module again to start from "
                 "another pretrained weight"
             )
+        elif name not in _OWN and name not in self.__dict__ and (base := _passes_to(self, name)) is not None:
+            setattr(base, name, value)  # layer.padding = 2 sets what the adapter reads, not a copy beside it
         else:
             super().__setattr__(name, value)
 
