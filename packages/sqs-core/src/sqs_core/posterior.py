@@ -22,6 +22,7 @@ from torch import nn
 
 from ._checks import F32_STD_MIN, check_int
 from ._gate_kl import gate_kl
+from ._window_load import take_window_count
 from .chunked import (
     PosteriorSpec,
     certified_levels,
@@ -97,6 +98,7 @@ class SpikeGMMPosterior(nn.Module):
         self.config = config
         self.pinned_zero_rows: tuple[int, ...] = ()  # rows of θ (dim 0) that are always pruned: pin_zero_rows_
         self.register_load_state_dict_post_hook(self._pin_after_load)
+        self.register_load_state_dict_pre_hook(take_window_count)  # outlier windows: W varies
         self._kstar: torch.Tensor | None = None
         self._pending_kl: tuple[torch.Tensor, tuple] | None = None  # (KL of the last forward, _kl_key then)
         self._ranges_key: tuple | None = None

@@ -1,10 +1,12 @@
-"""Resuming a run with a PruningSchedule: from its state_dict, or with a fresh schedule that infers it."""
+"""Resuming a run: a checkpoint into a model built and prepared afresh (its own init), and a PruningSchedule
+from its state_dict or a fresh one that infers it."""
 
 import copy
 
 import pytest
 import sqs_core as sqs
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -88,3 +90,54 @@ def test_state_dict_of_another_schedule_is_refused_naming_what_differs():
         ours.load_state_dict(bad)
     assert ours.current_nonzero == 1.0
     assert ours.step(5) == 1.0  # nothing loaded, and the model is not pruned yet
+
+
+def _with_outliers(seed):
+    """A model whose first layer has a few large weights: outlier windows give it more windows than a fresh init."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    with torch.no_grad():
+        model[0].weight[0, :3] = torch.tensor([2.5, -3.0, 4.0])
+    return model
+
+
+def _fresh(config):
+    torch.manual_seed(123)
+    return sqs.prepare_(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), config)
+
+
+def _train_step(model, optimizer, x, y):
+    loss = sqs.Objective(model, num_data=100)(F.cross_entropy(model(x), y))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+def test_a_checkpoint_loads_into_a_model_prepared_from_another_init():
+    """Outlier windows: W depends on the weights prepare_ saw; the fresh model takes the checkpoint's W (before:
+    a bare size mismatch), and training goes on exactly as in the checkpointed model."""
+    config = sqs.SQSConfig(num_components=4)
+    trained = sqs.prepare_(_with_outliers(0), config)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    opt = torch.optim.AdamW(sqs.param_groups(trained))
+    _train_step(trained, opt, x, y)
+    checkpoint = copy.deepcopy((trained.state_dict(), opt.state_dict()))
+    fresh = _fresh(config)
+    assert sqs.posteriors(fresh)["0"].num_windows < sqs.posteriors(trained)["0"].num_windows
+    fresh_opt = torch.optim.AdamW(sqs.param_groups(fresh))  # built before the load, as scripts often do
+    fresh.load_state_dict(checkpoint[0])
+    fresh_opt.load_state_dict(checkpoint[1])
+    assert sqs.posteriors(fresh)["0"].num_windows == sqs.posteriors(trained)["0"].num_windows
+    assert torch.equal(fresh(x), trained(x))
+    assert _train_step(fresh, fresh_opt, x, y) == _train_step(trained, opt, x, y)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), trained.state_dict().values(), strict=True))
+
+
+def test_a_checkpoint_of_another_k_or_without_window_ids_is_refused_clearly():
+    state = sqs.prepare_(_with_outliers(0), sqs.SQSConfig(num_components=4)).state_dict()
+    with pytest.raises(RuntimeError, match=r"layer '0' has K = 4 components in the checkpoint and 8 in this model"):
+        _fresh(sqs.SQSConfig(num_components=8)).load_state_dict(state)
+    partial = {k: v for k, v in state.items() if not k.endswith("window_ids")}
+    with pytest.raises(RuntimeError, match="holds no window_ids"):
+        _fresh(sqs.SQSConfig(num_components=4)).load_state_dict(partial, strict=False)
