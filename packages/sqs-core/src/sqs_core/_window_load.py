@@ -10,7 +10,7 @@ the window ids, or with another K, is reported in load_state_dict's error instea
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -29,7 +29,7 @@ def take_window_count(
     that follows; a Parameter keeps its identity, so an optimizer built before the load still holds it)."""
     error_msgs: list[str] = rest[-1]
     loaded = state_dict.get(f"{prefix}means")
-    own = posterior.means
+    own = cast(torch.Tensor, posterior.means)
     if not isinstance(loaded, torch.Tensor) or loaded.dim() != 2 or loaded.shape == own.shape:
         return
     where = f"layer {prefix.removesuffix('posterior.').rstrip('.')!r}"
@@ -46,7 +46,8 @@ def take_window_count(
         )
         return
     for name in PER_WINDOW:
-        tensor, incoming = getattr(posterior, name), state_dict.get(f"{prefix}{name}")
+        tensor: torch.Tensor = getattr(posterior, name)
+        incoming = state_dict.get(f"{prefix}{name}")
         if not isinstance(incoming, torch.Tensor) or incoming.shape[1:] != tensor.shape[1:]:
             continue  # missing, or K differs: load_state_dict reports it
         fresh = torch.empty(incoming.shape, dtype=tensor.dtype, device=tensor.device)
