@@ -277,3 +277,13 @@ def test_second_order_gradients_of_the_posterior_fail_clearly_and_input_penaltie
     for loss in (lambda: objective(F.cross_entropy(model(X), Y)), objective.kl):  # the fused forward, the gate KL
         with pytest.raises(RuntimeError, match=first_order):
             torch.autograd.grad(loss(), gates, create_graph=True)
+
+
+def test_a_frozen_layer_is_compressed_with_a_trainable_posterior_and_the_log_says_so(caplog):
+    model = mlp()
+    model[2].requires_grad_(False)
+    with caplog.at_level("INFO", logger="sqs_core.prepare"):
+        sqs.prepare_(model, sqs.SQSConfig())
+    said = [r.getMessage() for r in caplog.records if "frozen weight" in r.getMessage()]
+    assert len(said) == 1 and "'2'" in said[0] and "'0'" not in said[0] and "exclude" in said[0]
+    assert sqs.posteriors(model)["2"].means.requires_grad

@@ -131,7 +131,9 @@ def test_a_checkpoint_loads_into_a_model_prepared_from_another_init():
     assert sqs.posteriors(fresh)["0"].num_windows == sqs.posteriors(trained)["0"].num_windows
     assert torch.equal(fresh(x), trained(x))
     assert _train_step(fresh, fresh_opt, x, y) == _train_step(trained, opt, x, y)
-    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), trained.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), trained.state_dict().values(), strict=True)
+    )
 
 
 def test_a_checkpoint_of_another_k_or_without_window_ids_is_refused_clearly():

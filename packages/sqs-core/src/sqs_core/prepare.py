@@ -125,6 +125,7 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
             raise RuntimeError(f"internal: no adapter for the chosen layer {_name!r}")
         wrappers.append((module, SQSLayer(module, posterior, adapter)))
         _pin_padding_row(module, posterior)
+    frozen = [name for name, module, _ in chosen if not cast(torch.Tensor, module.weight).requires_grad]
     for module, wrapper in wrappers:  # mutate only once everything above succeeded
         del module._parameters["weight"]
         module.register_parameter("weight", None)
@@ -132,7 +133,20 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
             parent._modules[attr] = wrapper
     setattr(model, _MARK, config)
     _log_prepared(len(wrappers), list(shared.values()))
+    _log_frozen(frozen)
     return model
+
+
+def _log_frozen(names: list[str]) -> None:
+    """Layers whose weight had requires_grad=False: their posteriors train like every other (a model frozen
+    whole, so that only the compression learns, is a use), which is not what freezing one layer may have meant."""
+    if names:
+        log.info(
+            "prepare_: %d layer(s) had a frozen weight (requires_grad=False), and their posteriors are trainable like "
+            "the others: %s; to leave a layer uncompressed, exclude it (SQSConfig(exclude=...))",
+            len(names),
+            ", ".join(repr(n) for n in names),
+        )
 
 
 def _check_weight(name: str, module: nn.Module) -> None:
