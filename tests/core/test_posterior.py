@@ -128,6 +128,47 @@ def test_responsibilities_rows_and_greedy_agree():
     assert torch.equal(phi.argmax(-1).to(torch.uint8), p.greedy_levels().reshape(-1))
 
 
+@settings(max_examples=20)
+@given(
+    seed=st.integers(0, 1000), k=st.integers(2, 8), log_std=st.floats(-9.0, -3.0), dtype=st.sampled_from(["f32", "f64"])
+)
+def test_greedy_takes_the_exact_argmax_where_phi_rounds_to_uniform(seed, k, log_std, dtype):
+    """Narrow components: the paper's φ of a weight far from every one rounds to exactly uniform, and argmax φ
+    (the first of ties) took the window's first level however far; k* is argmax log(π_k N_k), which φ increases
+    with, computed by the reference in float64."""
+    p = _posterior(seed=seed, k=k)
+    p = p.float() if dtype == "f32" else p
+    with torch.no_grad():
+        p.log_stds.fill_(log_std)
+    phi = p.responsibilities()
+    th, wid = p.weight.reshape(-1).double(), p.window_ids.reshape(-1).long()
+    sd = p.log_stds.double()
+    q = F.log_softmax(p.mixing_logits.double(), -1)[wid] - sd[wid]
+    q = q - 0.5 * ((th[:, None] - p.means.double()[wid]) * torch.exp(-sd[wid])) ** 2
+    levels = p.greedy_levels().reshape(-1).long()
+    assert torch.equal(levels, q.argmax(-1))  # K-means' distinct means: no exact tie in float64 here
+    chosen = phi.gather(1, levels[:, None]).squeeze(1)
+    assert torch.equal(chosen, phi.max(-1).values)  # one of φ's argmaxes
+
+
+def test_a_weight_far_from_every_level_gets_the_nearest_not_the_first():
+    lin = torch.nn.Linear(16, 4, bias=False)
+    model = sqs.prepare_(torch.nn.Sequential(lin), sqs.SQSConfig(num_components=16, windows="none"))
+    p = sqs.posteriors(model)["0"]
+    with torch.no_grad():
+        p.means.copy_(torch.linspace(-0.3, 0.5, 16)[None])
+        p.log_stds.fill_(math.log(0.005))
+        p.weight[0, 0] = 0.58  # 16σ above the top level: every π N underflows, φ is exactly uniform
+    assert bool((p.responsibilities()[0] == 1 / 16).all())
+    assert float(p.level_values(p.greedy_levels())[0, 0]) == pytest.approx(0.5)  # was −0.3, the first level
+    objective = sqs.Objective(model, num_data=1)
+    without_forward = objective.kl().item()
+    model(torch.randn(2, 16))
+    assert (
+        objective.kl().item() == without_forward
+    )  # here the training forward's k* (nearby, first of ties) is the nearest too
+
+
 def test_levels_and_alternatives_in_one_pass_match_the_two_methods():
     """discrete_posteriors and save take both from one evaluation; greedy_ asks for the levels only."""
     p = _posterior(temperature=0.1)  # a soft φ: many weights have alternatives

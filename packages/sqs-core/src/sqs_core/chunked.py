@@ -83,12 +83,15 @@ def certified_levels(theta, window_ids, means, log_stds, mixing_logits, kind, te
 
 @torch.no_grad()
 def uncertain_log_responsibilities(theta, window_ids, certified, means, log_stds, mixing_logits, kind, temperature):
-    """Yield ``(flat index (n,), log φ (n, K))`` blocks covering the weights that are not certified,
-    CHUNK_ELEMENTS // K at a time."""
+    """Yield ``(flat index (n,), log φ (n, K), k* (n,))`` blocks covering the weights that are not certified,
+    CHUNK_ELEMENTS // K at a time. k* = argmax_k log(π_k N_k(θ)): φ_k is increasing in π_k N_k for either kind,
+    so this is argmax_k φ_k exactly, also where float32 φ ties (a weight far from every component, whose
+    paper φ rounds to uniform: argmax of φ would take the window's first level, however far it is)."""
     log_mix = F.log_softmax(mixing_logits, dim=-1)
     for index in torch.split(flat_indices(certified, test=torch.logical_not), max(1, CHUNK_ELEMENTS // means.shape[1])):
         wid = window_ids[index].long()
-        yield index, _log_phi_rows(theta[index], wid, means, log_stds, log_mix, kind, temperature)
+        q = component_log_density(theta[index], means[wid], log_stds[wid], log_mix[wid])
+        yield index, log_responsibilities(q, kind, temperature), q.argmax(-1)
 
 
 class _PosteriorMoments(torch.autograd.Function):

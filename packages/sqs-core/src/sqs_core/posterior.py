@@ -330,7 +330,8 @@ class SpikeGMMPosterior(nn.Module):
     @torch.no_grad()
     def greedy_levels(self) -> torch.Tensor:
         """k*_i = argmax_k φ_k(θ_i) (eq. greedy), uint8, θ's shape. Weights certified one-hot
-        (:mod:`sqs_core.onehot`) take the certificate's k*; the others the argmax of their full φ."""
+        (:mod:`sqs_core.onehot`) take the certificate's k*; the others argmax_k log(π_k N_k(θ_i)), the same
+        argmax without φ's float32 ties (see chunked.uncertain_log_responsibilities)."""
         return self.levels_and_alternatives(alternatives=False)[0]
 
     @torch.no_grad()
@@ -350,8 +351,8 @@ class SpikeGMMPosterior(nn.Module):
         ``alternatives`` the second is empty, and the evaluation spares the probabilities."""
         kstar, blocks = self._levels_and_uncertain()
         index, rows = [], []
-        for flat, log_phi in blocks:
-            kstar[flat] = log_phi.argmax(-1).to(torch.uint8)
+        for flat, log_phi, levels in blocks:
+            kstar[flat] = levels.to(torch.uint8)
             if alternatives:
                 probs = sampling_probs(log_phi.exp())
                 local = ((probs > 0).sum(-1) >= 2).nonzero().squeeze(1)
