@@ -170,7 +170,7 @@ class SQSConfig:
             object.__setattr__(self, name, value)
 
     def _spread_used(self) -> float:
-        """How far below logit(initial_keep_prob) the initial gate logits reach (posterior._initial_gate_logits)."""
+        """How far below logit(initial_keep_prob) the initial gate logits reach (see initial_gate_logits)."""
         return self.gate_init_spread if self.gate_init == "magnitude" else 0.0
 
     def for_layer(self, name: str) -> SQSConfig | None:
@@ -262,7 +262,7 @@ def _check_slab_std(name: str, value: Any) -> float:
 
 def _check_initial_gate_logits(gate_temperature: float, initial_keep_prob: float, spread: float) -> None:
     """The initial ℓ = s̃/τ' lie in [logit λ̃_0 − spread, logit λ̃_0] and are computed in float32, then stored as
-    s̃ = ℓ·τ' (posterior._initial_gate_logits): both must be finite, or λ̃ and the gate KL turn NaN."""
+    s̃ = ℓ·τ' (_posterior_init.initial_gate_logits): both must be finite, or λ̃ and the gate KL turn NaN."""
     top = math.log(initial_keep_prob) - math.log1p(-initial_keep_prob)
     reach = max(abs(top), abs(top - spread))
     if reach * max(1.0, gate_temperature) > _F32.max * (1 - 2.0**-20):  # slack for float32 rounding

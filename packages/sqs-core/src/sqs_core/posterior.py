@@ -22,6 +22,7 @@ from torch import nn
 
 from ._checks import F32_STD_MIN, check_int
 from ._gate_kl import gate_kl
+from ._posterior_init import initial_gate_logits, initial_mixtures
 from ._window_load import take_window_count
 from .chunked import (
     PosteriorSpec,
@@ -31,10 +32,9 @@ from .chunked import (
     uncertain_log_responsibilities,
 )
 from .config import SpikeSlabPrior, SQSConfig
-from .kmeans import GMMInit, kmeans_1d_sorted, order_keys, sorted_values
+from .kmeans import order_keys
 from .mixture import gaussian_kl
 from .onehot import window_value_ranges
-from .windows import assign_windows
 
 __all__ = ["SAMPLING_FLOOR", "SpikeGMMPosterior"]
 
@@ -79,12 +79,12 @@ class SpikeGMMPosterior(nn.Module):
         # the paper's exp(π N) need it); the layer casts θ^avg and fixed weights back (SQSLayer)
         weight_dtype = weight.dtype if weight.is_floating_point() else torch.float32
         theta = weight.detach().to(torch.promote_types(weight_dtype, torch.float32))
-        inits, window_ids, edges = _initial_mixtures(theta, config, generator)
+        inits, window_ids, edges = initial_mixtures(theta, config, generator)
         dev, dtype = theta.device, theta.dtype
         self.means = nn.Parameter(torch.stack([i.means for i in inits]).to(dev, dtype))
         self.log_stds = nn.Parameter(torch.stack([i.stds for i in inits]).log().to(dev, dtype))
         self.mixing_logits = nn.Parameter(torch.stack([i.mixing for i in inits]).log().to(dev, dtype))
-        self.gate_logits = nn.Parameter(_initial_gate_logits(theta, config).to(dtype))
+        self.gate_logits = nn.Parameter(initial_gate_logits(theta, config).to(dtype))
         if config.train_weight:
             self.weight = nn.Parameter(theta)
         else:
@@ -375,34 +375,3 @@ class SpikeGMMPosterior(nn.Module):
 def sampling_probs(phi: torch.Tensor) -> torch.Tensor:
     """The discrete inference distribution's (unnormalised) probabilities from φ (see SAMPLING_FLOOR)."""
     return torch.where(phi >= SAMPLING_FLOOR, phi, torch.zeros_like(phi)).half().float()
-
-
-def _initial_mixtures(theta: torch.Tensor, config: SQSConfig, generator: torch.Generator):
-    """([GMMInit per window], window ids, interior edges) of θ: θ's values are sorted once, on the CPU, and
-    serve the outlier windows' quantiles and every window's K-means (windows are value intervals, so each
-    window's weights are one run of the sorted values). A 4096×4096 layer (K = 64, outlier windows) took
-    26 s with three ``kthvalue`` passes and a sort and ``unique`` per window."""
-    ordered = sorted_values(theta.detach().reshape(-1).cpu()).double()  # float32 → float64 keeps the order
-    window_ids, edges = assign_windows(theta, config.windows, ordered=ordered)
-    counts = torch.bincount(window_ids.reshape(-1).long().cpu(), minlength=int(window_ids.max()) + 1)
-    inits: list[GMMInit] = [
-        kmeans_1d_sorted(run, config.num_components, iterations=config.kmeans_iterations, generator=generator)
-        for run in torch.split(ordered, counts.tolist())
-    ]
-    return inits, window_ids, edges
-
-
-def _initial_gate_logits(theta: torch.Tensor, config: SQSConfig) -> torch.Tensor:
-    """s̃ at initialisation, in units of τ' (λ̃ = sigmoid(s̃/τ')); see SQSConfig.gate_init."""
-    top = math.log(config.initial_keep_prob) - math.log1p(-config.initial_keep_prob)
-    if config.gate_init == "constant" or config.gate_init_spread == 0:
-        scaled = torch.full(theta.shape, top, dtype=torch.float32, device=theta.device)
-    else:
-        flat = theta.detach().reshape(-1).abs().float()
-        ranks = torch.empty_like(flat)
-        # |θ| ≥ 0 orders as its int32 bits: the same permutation, by radix sort (0.7 against 2.8 s for 16.8M)
-        order = torch.argsort(flat.view(torch.int32), stable=True)
-        ranks[order] = torch.arange(flat.numel(), dtype=flat.dtype, device=flat.device)
-        fraction = ranks / max(flat.numel() - 1, 1)  # 0 for the smallest |θ|, 1 for the largest
-        scaled = (top - config.gate_init_spread * (1 - fraction)).reshape(theta.shape)
-    return scaled * config.gate_temperature
