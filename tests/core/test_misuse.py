@@ -287,3 +287,38 @@ def test_a_frozen_layer_is_compressed_with_a_trainable_posterior_and_the_log_say
     said = [r.getMessage() for r in caplog.records if "frozen weight" in r.getMessage()]
     assert len(said) == 1 and "'2'" in said[0] and "'0'" not in said[0] and "exclude" in said[0]
     assert sqs.posteriors(model)["2"].means.requires_grad
+
+
+def test_functional_call_takes_the_kl_at_the_supplied_parameters_inside_the_call_and_warns_outside(caplog):
+    from sqs_core import posterior as posterior_module
+    from torch.func import functional_call
+
+    model = prepared()
+    objective = sqs.Objective(model, num_data=10)
+    supplied = {k: (v.detach() + 0.05).requires_grad_() for k, v in model.named_parameters()}
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x, y):
+            return objective(F.cross_entropy(self.model(x), y))
+
+    inside = functional_call(Step(), {f"model.{k}": v for k, v in supplied.items()}, (X, Y))
+    holder = copy.deepcopy(model)
+    with torch.no_grad():
+        for k, v in holder.named_parameters():
+            v.copy_(supplied[k])
+    assert inside.item() == sqs.Objective(holder, num_data=10)(F.cross_entropy(holder(X), Y)).item()
+    posterior_module._WARNED.clear()
+    with caplog.at_level("WARNING", logger="sqs_core.posterior"):
+        objective(F.cross_entropy(functional_call(model, supplied, (X,)), Y))  # the KL outside the call
+        objective(F.cross_entropy(functional_call(model, supplied, (X,)), Y))
+    said = [r.getMessage() for r in caplog.records if "functional_call" in r.getMessage()]
+    assert len(said) == 1 and "inside the functional call" in said[0]
+    with caplog.at_level("WARNING", logger="sqs_core.posterior"):
+        caplog.clear()
+        posterior_module._WARNED.clear()
+        objective(F.cross_entropy(model(X), Y))
+        assert not caplog.records  # an ordinary step says nothing

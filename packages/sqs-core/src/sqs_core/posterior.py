@@ -13,6 +13,7 @@ all of these are float32 (θ upcast exactly); the layer's forward runs in its ow
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,6 +36,8 @@ from .config import SpikeSlabPrior, SQSConfig
 from .kmeans import order_keys
 from .mixture import gaussian_kl
 from .onehot import window_value_ranges
+
+log = logging.getLogger(__name__)
 
 __all__ = ["SAMPLING_FLOOR", "SpikeGMMPosterior"]
 
@@ -259,8 +262,10 @@ class SpikeGMMPosterior(nn.Module):
         The first call after a training forward returns the KL that forward summed (its gradients flow
         through the same backward as θ^avg); a later call, or one after the parameters changed, computes it
         again at the k* of the last forward. A call without gradients leaves the forward's KL in place."""
-        pending = self._pending_kl
-        if pending is not None and pending[1] == self._kl_key():
+        pending, key = self._pending_kl, self._kl_key()
+        if pending is not None and _pointers(pending[1]) != _pointers(key):
+            _log_other_tensors()
+        if pending is not None and pending[1] == key:
             if not torch.is_grad_enabled():
                 return pending[0].detach()
             self._pending_kl = None
@@ -370,6 +375,27 @@ class SpikeGMMPosterior(nn.Module):
         k = self.num_components
         flat = self.window_ids.reshape(-1).long() * k + levels.reshape(-1).long()
         return self.means.detach().reshape(-1)[flat].reshape(self.weight.shape)
+
+
+def _pointers(key: tuple) -> list[int]:
+    return [entry[0] for entry in key[:4]]  # _kl_key's (data_ptr, version) pairs
+
+
+def _log_other_tensors() -> None:
+    """Once per process: the last forward ran on other tensors than the module's parameters (they are not the
+    same storage, as after an optimizer step, but others: torch.func.functional_call), and the KL is computed
+    again from the module's own, not from those the forward used."""
+    if not _WARNED:
+        _WARNED.append(True)
+        log.warning(
+            "SpikeGMMPosterior.kl(): the last forward used other tensors than the posterior's parameters "
+            "(torch.func.functional_call?); the KL is computed from the module's own. To take the KL at the "
+            "supplied parameters, compute the objective inside the functional call (a module whose forward "
+            "returns objective(nll))"
+        )
+
+
+_WARNED: list[bool] = []
 
 
 def sampling_probs(phi: torch.Tensor) -> torch.Tensor:
