@@ -114,7 +114,7 @@ def _train_step(model, optimizer, x, y):
     return float(loss.detach())
 
 
-def test_a_checkpoint_loads_into_a_model_prepared_from_another_init():
+def test_a_checkpoint_loads_into_a_model_prepared_from_another_init(caplog):
     """Outlier windows: W depends on the weights prepare_ saw; the fresh model takes the checkpoint's W (before:
     a bare size mismatch), and training goes on exactly as in the checkpointed model."""
     config = sqs.SQSConfig(num_components=4)
@@ -126,7 +126,12 @@ def test_a_checkpoint_loads_into_a_model_prepared_from_another_init():
     fresh = _fresh(config)
     assert sqs.posteriors(fresh)["0"].num_windows < sqs.posteriors(trained)["0"].num_windows
     fresh_opt = torch.optim.AdamW(sqs.param_groups(fresh))  # built before the load, as scripts often do
-    fresh.load_state_dict(checkpoint[0])
+    with caplog.at_level("INFO", logger="sqs_core._window_load"):
+        fresh.load_state_dict(checkpoint[0])
+    windows = (sqs.posteriors(trained)["0"].num_windows, sqs.posteriors(_fresh(config))["0"].num_windows)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"layer '0': {windows[1]} windows in this model, the checkpoint's {windows[0]} taken"
+    ]
     fresh_opt.load_state_dict(checkpoint[1])
     assert sqs.posteriors(fresh)["0"].num_windows == sqs.posteriors(trained)["0"].num_windows
     assert torch.equal(fresh(x), trained(x))

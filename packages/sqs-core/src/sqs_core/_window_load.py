@@ -45,6 +45,7 @@ def take_window_count(
             "checkpoint holds no window_ids to say which weight is in which: load a whole state_dict"
         )
         return
+    before = own.shape[0]  # own is resized below
     for name in PER_WINDOW:
         tensor: torch.Tensor = getattr(posterior, name)
         incoming = state_dict.get(f"{prefix}{name}")
@@ -55,4 +56,4 @@ def take_window_count(
             tensor.data = fresh
         else:
             setattr(posterior, name, fresh)
-    log.info("%s: %d windows in this model, the checkpoint's %d taken", where, own.shape[0], loaded.shape[0])
+    log.info("%s: %d windows in this model, the checkpoint's %d taken", where, before, loaded.shape[0])

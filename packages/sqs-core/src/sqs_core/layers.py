@@ -209,7 +209,7 @@ class SQSLayer(nn.Module):
                 "set a concrete weight with set_fixed_weight(weight), or prepare a plain module again to start from "
                 "another pretrained weight"
             )
-        elif name not in _OWN and name not in self.__dict__ and (base := _passes_to(self, name)) is not None:
+        elif name not in self.__dict__ and (base := _passes_to(self, name)) is not None:
             setattr(base, name, value)  # layer.padding = 2 sets what the adapter reads, not a copy beside it
         else:
             super().__setattr__(name, value)

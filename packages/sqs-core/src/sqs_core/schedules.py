@@ -135,7 +135,7 @@ class PruningSchedule:
         """Take the rate of :meth:`state_dict`; its settings must be this schedule's (ValueError naming those
         that differ, nothing changed)."""
         if not isinstance(state, dict) or set(state) != {*self._settings(), "current_nonzero"}:
-            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"not a PruningSchedule state_dict: got {keys!r}, expected {sorted(self.state_dict())}")
         differ = {k: (state[k], v) for k, v in self._settings().items() if state[k] != v}
         if differ:
