@@ -311,7 +311,7 @@ def test_functional_call_takes_the_kl_at_the_supplied_parameters_inside_the_call
         for k, v in holder.named_parameters():
             v.copy_(supplied[k])
     assert inside.item() == sqs.Objective(holder, num_data=10)(F.cross_entropy(holder(X), Y)).item()
-    posterior_module._WARNED.clear()
+    posterior_module._log_other_tensors.cache_clear()
     with caplog.at_level("WARNING", logger="sqs_core.posterior"):
         objective(F.cross_entropy(functional_call(model, supplied, (X,)), Y))  # the KL outside the call
         objective(F.cross_entropy(functional_call(model, supplied, (X,)), Y))
@@ -319,6 +319,6 @@ def test_functional_call_takes_the_kl_at_the_supplied_parameters_inside_the_call
     assert len(said) == 1 and "inside the functional call" in said[0]
     with caplog.at_level("WARNING", logger="sqs_core.posterior"):
         caplog.clear()
-        posterior_module._WARNED.clear()
+        posterior_module._log_other_tensors.cache_clear()
         objective(F.cross_entropy(model(X), Y))
         assert not caplog.records  # an ordinary step says nothing

@@ -18,7 +18,6 @@ import torch
 __all__ = [
     "F32_STD_MAX",
     "F32_STD_MIN",
-    "check_first_order",
     "check_flag",
     "check_generator",
     "check_int",
@@ -89,14 +88,3 @@ def check_generator(name: str, value: Any) -> torch.Generator | None:
     if value is not None and not isinstance(value, torch.Generator):
         raise ValueError(f"{name} must be a torch.Generator or None, got {value!r} ({type(value).__name__})")
     return value
-
-
-def check_first_order() -> None:
-    """Called first in the backward of the posterior's autograd Functions: their gradients are computed by hand
-    (no graph of their own), so a backward that builds one (``create_graph=True``) would be wrong or fail inside."""
-    if torch.is_grad_enabled():
-        raise RuntimeError(
-            "SQS posteriors give first-order gradients only: a backward with create_graph=True through an SQS "
-            "layer's weight (a penalty on gradients of the posterior's parameters, a Hessian-vector product) is not "
-            "supported; gradients with respect to the inputs (an input-gradient penalty) work"
-        )

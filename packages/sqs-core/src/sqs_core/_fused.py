@@ -38,13 +38,12 @@ import torch
 import torch.nn.functional as F
 
 from . import chunked
-from ._checks import check_first_order
 from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
 from ._fused_uncovered import bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients
-from .chunked import _chunk_ranges, _flat_index, _gate_probs, _variance, kl_accumulator, kl_grad
+from .chunked import _chunk_ranges, _flat_index, _gate_probs, _variance, check_first_order, kl_accumulator, kl_grad
 from .mixture import bernoulli_kl_terms
 from .onehot import CERTIFIED, _bin_bounds, bin_of, bin_table, uncovered_blocks
 

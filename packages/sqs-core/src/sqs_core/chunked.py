@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_first_order
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients, nearby_moments, nearby_vjp
 from .mixture import bernoulli_kl, component_log_density, log_responsibilities
@@ -27,6 +26,7 @@ from .onehot import CERTIFIED, bin_components, bin_table, certify_one_hot, class
 __all__ = [
     "PosteriorSpec",
     "certified_levels",
+    "check_first_order",
     "posterior_moments",
     "responsibility_blocks",
     "uncertain_log_responsibilities",
@@ -92,6 +92,18 @@ def uncertain_log_responsibilities(theta, window_ids, certified, means, log_stds
         wid = window_ids[index].long()
         q = component_log_density(theta[index], means[wid], log_stds[wid], log_mix[wid])
         yield index, log_responsibilities(q, kind, temperature), q.argmax(-1)
+
+
+def check_first_order() -> None:
+    """Called first in the backward of the posterior's autograd Functions (here, in _fused and in _gate_kl):
+    their gradients are computed by hand (no graph of their own), so a backward that builds one
+    (``create_graph=True``) would be wrong or fail inside."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            "SQS posteriors give first-order gradients only: a backward with create_graph=True through an SQS "
+            "layer's weight (a penalty on gradients of the posterior's parameters, a Hessian-vector product) is not "
+            "supported; gradients with respect to the inputs (an input-gradient penalty) work"
+        )
 
 
 class _PosteriorMoments(torch.autograd.Function):

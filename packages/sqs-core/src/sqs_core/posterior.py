@@ -381,21 +381,17 @@ def _pointers(key: tuple) -> list[int]:
     return [entry[0] for entry in key[:4]]  # _kl_key's (data_ptr, version) pairs
 
 
+@functools.cache
 def _log_other_tensors() -> None:
-    """Once per process: the last forward ran on other tensors than the module's parameters (they are not the
+    """Once per process (cached): the last forward ran on other tensors than the module's parameters (not the
     same storage, as after an optimizer step, but others: torch.func.functional_call), and the KL is computed
     again from the module's own, not from those the forward used."""
-    if not _WARNED:
-        _WARNED.append(True)
-        log.warning(
-            "SpikeGMMPosterior.kl(): the last forward used other tensors than the posterior's parameters "
-            "(torch.func.functional_call?); the KL is computed from the module's own. To take the KL at the "
-            "supplied parameters, compute the objective inside the functional call (a module whose forward "
-            "returns objective(nll))"
-        )
-
-
-_WARNED: list[bool] = []
+    log.warning(
+        "SpikeGMMPosterior.kl(): the last forward used other tensors than the posterior's parameters "
+        "(torch.func.functional_call?); the KL is computed from the module's own. To take the KL at the "
+        "supplied parameters, compute the objective inside the functional call (a module whose forward "
+        "returns objective(nll))"
+    )
 
 
 def sampling_probs(phi: torch.Tensor) -> torch.Tensor:
