@@ -16,7 +16,7 @@ from sqs_core import _fused, chunked
 from sqs_core.onehot import NEARBY_WIDTHS
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
-from uncovered import uncovered_counts
+from uncovered import evaluated_components, uncovered_counts
 
 # inductor's own use of torch.jit.script_method, not ours (its numpy warning: pyproject.toml)
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
@@ -124,6 +124,25 @@ def test_compiled_path_limits_match_eager(small_chunks):
     levels = compiled.level_values(compiled._kstar.reshape(compiled.weight.shape)).reshape(-1)
     assert 0 < int(certified.sum()) < certified.numel()
     assert torch.equal(got.reshape(-1)[certified], levels[certified])
+
+
+def test_compiled_forward_takes_the_argmax_of_pi_n_where_phi_ties(small_chunks):
+    """Narrow components: most weights are far from every one and their paper φ rounds to uniform; k* (the
+    gate KL's component) is argmax log(π_k N_k) on both paths, on the nearby components and on all K."""
+    settings = CASES["paper-K20-outlier-gaussian-trained-theta"][0]
+    posteriors = [_posterior(settings, compiled) for compiled in (False, True)]
+    for p in posteriors:
+        with torch.no_grad():
+            p.log_stds.fill_(-9.0)
+        p.moments(second=True)
+    eager, compiled = posteriors
+    assert set(uncovered_counts(compiled)) >= {0, 4}  # the all-K and the nearby path both run
+    th, wid = eager.weight.detach().reshape(-1), eager.window_ids.reshape(-1).long()
+    q = torch.log_softmax(eager.mixing_logits.detach(), -1)[wid] - eager.log_stds.detach()[wid]
+    q = q - 0.5 * ((th[:, None] - eager.means.detach()[wid]) * torch.exp(-eager.log_stds.detach()[wid])) ** 2
+    assert torch.equal(compiled._kstar, eager._kstar)
+    q = q.masked_fill(~evaluated_components(eager), -math.inf)  # test_posterior: the nearby path leaves some out
+    assert torch.equal(eager._kstar.reshape(-1).long(), q.argmax(-1))
 
 
 def test_flag_reaches_the_layers_it_names():

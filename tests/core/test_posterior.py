@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqs_core import chunked
 from sqs_core.mixture import bernoulli_kl, gaussian_kl, log_responsibilities
+from sqs_core.onehot import lump_log_density
 from sqs_core.posterior import SpikeGMMPosterior, sampling_probs
+from uncovered import evaluated_components
 
 
 def _posterior(shape=(24, 17), k=4, windows="outlier", seed=0, **kw):
@@ -141,14 +143,52 @@ def test_greedy_takes_the_exact_argmax_where_phi_rounds_to_uniform(seed, k, log_
     with torch.no_grad():
         p.log_stds.fill_(log_std)
     phi = p.responsibilities()
-    th, wid = p.weight.reshape(-1).double(), p.window_ids.reshape(-1).long()
-    sd = p.log_stds.double()
-    q = F.log_softmax(p.mixing_logits.double(), -1)[wid] - sd[wid]
-    q = q - 0.5 * ((th[:, None] - p.means.double()[wid]) * torch.exp(-sd[wid])) ** 2
+    q = _log_densities64(p)
     levels = p.greedy_levels().reshape(-1).long()
     assert torch.equal(levels, q.argmax(-1))  # K-means' distinct means: no exact tie in float64 here
     chosen = phi.gather(1, levels[:, None]).squeeze(1)
     assert torch.equal(chosen, phi.max(-1).values)  # one of φ's argmaxes
+
+
+def _log_densities64(p):
+    """log(π_k N_k(θ)) (T, K) of every weight with its window's components, in float64."""
+    th, wid = p.weight.reshape(-1).double(), p.window_ids.reshape(-1).long()
+    sd = p.log_stds.double()
+    q = F.log_softmax(p.mixing_logits.double(), -1)[wid] - sd[wid]
+    return q - 0.5 * ((th[:, None] - p.means.double()[wid]) * torch.exp(-sd[wid])) ** 2
+
+
+@settings(max_examples=20)
+@given(
+    seed=st.integers(0, 1000),
+    k=st.sampled_from([3, 6, 20]),  # 20: the bins' nearby components and a lumped term, at every width
+    log_std=st.floats(-9.0, -3.0),
+    shift=st.floats(-0.02, 0.02),
+    dtype=st.sampled_from(["f32", "f64"]),
+)
+def test_training_forward_takes_the_argmax_of_pi_n_where_phi_ties(seed, k, log_std, shift, dtype):
+    """The training forward's k* (the gate KL's component) on narrow components moved off the weights: most
+    weights are far from every one, their paper φ rounds to uniform, and k* is argmax log(π_k N_k) (which φ
+    increases with) over the components the weight is evaluated on, not the first of the tied φ. That is the
+    argmax over all K wherever some π_k N_k is above the lumping level: the nearby path leaves out only
+    components whose π N stays below it over the whole bin."""
+    p = _posterior(seed=seed, k=k)
+    p = p.float() if dtype == "f32" else p
+    with torch.no_grad():
+        p.log_stds.fill_(log_std)
+        p.means.add_(shift)
+    p.moments()
+    q = _log_densities64(p)
+    chosen = q.gather(1, p._kstar.reshape(-1, 1).long()).squeeze(1)
+    best_evaluated = q.masked_fill(~evaluated_components(p), -math.inf).max(-1).values
+    best = q.max(-1).values
+    distinguished = best > lump_log_density(p.weight.dtype)
+    if dtype == "f64":
+        assert torch.equal(chosen, best_evaluated)
+        assert torch.equal(chosen[distinguished], best[distinguished])
+    else:  # float32 q rounds at |q|·2^-24; the largest q can be ~1e8 here
+        assert bool((chosen >= best_evaluated - 1e-6 * best_evaluated.abs() - 1e-4).all())
+        assert bool((chosen >= best - 1e-6 * best.abs() - 1e-4)[distinguished].all())
 
 
 def test_a_weight_far_from_every_level_gets_the_nearest_not_the_first():
@@ -164,9 +204,7 @@ def test_a_weight_far_from_every_level_gets_the_nearest_not_the_first():
     objective = sqs.Objective(model, num_data=1)
     without_forward = objective.kl().item()
     model(torch.randn(2, 16))
-    assert (
-        objective.kl().item() == without_forward
-    )  # here the training forward's k* (nearby, first of ties) is the nearest too
+    assert objective.kl().item() == without_forward  # the training forward's k* is argmax log π N too
 
 
 def test_levels_and_alternatives_in_one_pass_match_the_two_methods():

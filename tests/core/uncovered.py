@@ -1,20 +1,41 @@
-"""The blocks of uncovered weights (sqs_core.onehot) of a posterior, counted: a helper of test_fused and test_onehot."""
+"""The blocks of uncovered weights (sqs_core.onehot) of a posterior, as a training forward makes them: a helper of
+test_fused, test_onehot and test_posterior."""
 
 from collections import Counter
 
+import torch
 import torch.nn.functional as F
 from sqs_core import chunked
-from sqs_core.onehot import bin_table, classify, uncovered_blocks
+from sqs_core.onehot import bin_components, bin_table, classify, uncovered_blocks
 
 
-def uncovered_counts(p) -> Counter:
-    """Weights per block width (0: all K) among the blocks of weights the certificate does not cover, at the
-    posterior ``p``'s current parameters, in the blocks a training forward makes."""
+def _blocks(p):
+    """(flat θ, BinTable, [(indices, width)]) at the posterior ``p``'s current parameters."""
     theta, wid = p.weight.detach().reshape(-1), p.window_ids.reshape(-1)
     log_mix = F.log_softmax(p.mixing_logits.detach(), -1)
     args = (p.means.detach(), p.log_stds.detach(), log_mix, p.config.responsibility, p.config.temperature)
     table = bin_table(theta, wid, *args)
+    classes = classify(theta, wid, table)[2]
+    return theta, table, list(uncovered_blocks(classes, table, p.num_components, chunked.CHUNK_ELEMENTS))
+
+
+def uncovered_counts(p) -> Counter:
+    """Weights per block width (0: all K) among the blocks of weights the certificate does not cover."""
     counts: Counter = Counter()
-    for u, width in uncovered_blocks(classify(theta, wid, table)[2], table, p.num_components, chunked.CHUNK_ELEMENTS):
+    for u, width in _blocks(p)[2]:
         counts[width] += int(u.numel())
     return counts
+
+
+def evaluated_components(p) -> torch.Tensor:
+    """(T, K) bool: the components of its window each weight is evaluated on, all K but for the weights of the
+    nearby path (sqs_core._nearby), which take their bin's ``width`` largest-bound ones."""
+    theta, table, blocks = _blocks(p)
+    k = p.num_components
+    evaluated = torch.ones(theta.numel(), k, dtype=torch.bool)
+    for u, width in blocks:
+        if width:
+            columns = bin_components(table, theta[u], width) % k  # flat w·K + k → k
+            evaluated[u] = False
+            evaluated[u[None, :].expand_as(columns), columns] = True
+    return evaluated

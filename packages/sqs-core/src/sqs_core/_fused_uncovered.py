@@ -31,15 +31,13 @@ def _log_density_columns(th, mu, log_std, log_mix):
 
 
 def _full_columns(th, mu, log_std, log_mix, temperature, kind, second):
-    """(m = Σ_k φ_k μ_k, s = Σ_k φ_k (μ_k² + σ_k²) or None, argmax_k φ_k) of n weights on gathered
-    (K, n) columns, φ of eq. compute-phi-k (mixture.log_responsibilities): chunked._full_moments."""
+    """(m = Σ_k φ_k μ_k, s = Σ_k φ_k (μ_k² + σ_k²) or None, k* = argmax_k log(π_k N_k)) of n weights on gathered
+    (K, n) columns, φ of eq. compute-phi-k (mixture.log_responsibilities): chunked._full_levels."""
     q = _log_density_columns(th, mu, log_std, log_mix)
-    if kind == "paper":
-        q = torch.softmax(torch.exp(q.clamp(max=PAPER_CLAMP)), dim=0)  # φ', as mixture._paper_first_stage
-    log_phi = F.log_softmax(q / temperature, dim=0)
-    phi = log_phi.exp()
+    stage = torch.softmax(torch.exp(q.clamp(max=PAPER_CLAMP)), dim=0) if kind == "paper" else q  # φ' for "paper"
+    phi = F.log_softmax(stage / temperature, dim=0).exp()
     s = (phi * (mu * mu + torch.exp(2 * log_std))).sum(0) if second else None
-    return (phi * mu).sum(0), s, log_phi.argmax(0)
+    return (phi * mu).sum(0), s, q.argmax(0)
 
 
 def _nearby_columns(th, mu, inv_std, const, total_mu, total_sq, lumped_count, temperature):
@@ -56,11 +54,9 @@ def _nearby_rows(th, mu, inv_std, const, total_mu, total_sq, lumped_count, tempe
     ``total_sq``: Σ_k μ_k, Σ_k (μ_k² + σ_k²) of each weight's window (``total_sq`` None: no s). Each stage's
     exponentials are taken once and normalised by their sum (26 per weight; the log-sum-exps of the eager code
     take them again), and the loop over c is unrolled, so that inductor emits one loop over the weights with
-    no reduction in it. Returns (m, s or None, argmax_c φ_c)."""
-    a = [
-        torch.exp((c - 0.5 * ((th - m) * i) ** 2).clamp(max=PAPER_CLAMP))
-        for m, i, c in zip(mu, inv_std, const, strict=True)
-    ]
+    no reduction in it. Returns (m, s or None, argmax_c log π_c N_c)."""
+    q = [c - 0.5 * ((th - m) * i) ** 2 for m, i, c in zip(mu, inv_std, const, strict=True)]  # log π_c N_c
+    a = [torch.exp(x.clamp(max=PAPER_CLAMP)) for x in q]
     top = _fold(torch.maximum, a).clamp(min=0.0)  # π N, the first stage's inputs; the lumped ones have 0
     e, e_l = [torch.exp(x - top) for x in a], torch.exp(-top)
     scale = 1.0 / ((_fold(torch.add, e) + e_l * lumped_count) * temperature)
@@ -76,10 +72,10 @@ def _nearby_rows(th, mu, inv_std, const, total_mu, total_sq, lumped_count, tempe
         s = _fold(torch.add, [p * x for p, x in zip(phi, level_sq, strict=True)]) + phi_l * (
             total_sq - _fold(torch.add, level_sq)
         )
-    best, top_phi = torch.zeros_like(th, dtype=torch.int32), phi[0]
-    for c in range(1, len(phi)):  # argmax, the first of ties as torch.argmax
-        better = phi[c] > top_phi
-        best, top_phi = torch.where(better, c, best), torch.where(better, phi[c], top_phi)
+    best, top_q = torch.zeros_like(th, dtype=torch.int32), q[0]
+    for c in range(1, len(q)):  # argmax_c log π_c N_c (nearby._evaluate's k*), the first of ties as torch.argmax
+        better = q[c] > top_q
+        best, top_q = torch.where(better, c, best), torch.where(better, q[c], top_q)
     return m, s, best
 
 

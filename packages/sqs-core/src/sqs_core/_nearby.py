@@ -77,6 +77,7 @@ class _State:
     inv_std: torch.Tensor
     offset: torch.Tensor  # θ − μ_c
     z: torch.Tensor
+    q: torch.Tensor | None  # log π N, kept for k* (nearby_moments); None in backward
     a: torch.Tensor  # π N (clamped)
     saturated: torch.Tensor | None  # q_c > 80 (None: nowhere)
     x: torch.Tensor  # φ'/τ
@@ -88,16 +89,16 @@ class _State:
     second: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # s, μ_c² + σ_c², the rest's Σ: with s
 
 
-def _evaluate(th, wid, flat, tables: NearbyTables, temperature: float) -> _State:
+def _evaluate(th, wid, flat, tables: NearbyTables, temperature: float, keep_q: bool = False) -> _State:
     """The forward of the module docstring for weights ``th`` (n,) of windows ``wid`` (int64) on the (width, n)
-    flat component indices ``flat``."""
+    flat component indices ``flat``; ``keep_q``: keep q apart from a (one more (width, n) tensor)."""
     lumped = float(tables.k - flat.shape[0])
     mu, inv_std, const = (t.index_select(0, flat.reshape(-1)).view(flat.shape) for t in tables.columns)
     offset = th - mu
     z = offset * inv_std
     q = torch.addcmul(const, z, z, value=-0.5)
     saturated = (q > PAPER_CLAMP) if bool(q.max() > PAPER_CLAMP) else None
-    a = q.clamp_(max=PAPER_CLAMP).exp_()
+    a = (q.clamp(max=PAPER_CLAMP) if keep_q else q.clamp_(max=PAPER_CLAMP)).exp_()
     top = a.amax(0).clamp_(min=0.0)  # the lumped components' π N is 0
     e, e_l = (a - top).exp_(), torch.exp(-top)
     scale = e.sum(0).add_(e_l, alpha=lumped).mul_(temperature).reciprocal_()
@@ -108,7 +109,7 @@ def _evaluate(th, wid, flat, tables: NearbyTables, temperature: float) -> _State
     phi, phi_l = phi.mul_(norm), phi_l.mul_(norm)
     rest_mu = tables.total_mu.index_select(0, wid) - mu.sum(0)
     m = torch.linalg.vecdot(phi, mu, dim=0).addcmul_(phi_l, rest_mu)
-    state = _State(mu, inv_std, offset, z, a, saturated, x, x_l, phi, phi_l, m, rest_mu)
+    state = _State(mu, inv_std, offset, z, q if keep_q else None, a, saturated, x, x_l, phi, phi_l, m, rest_mu)
     if tables.total_sq is not None:
         level_sq = torch.addcmul(inv_std.reciprocal().square_(), mu, mu)
         rest_sq = tables.total_sq.index_select(0, wid) - level_sq.sum(0)
@@ -119,9 +120,14 @@ def _evaluate(th, wid, flat, tables: NearbyTables, temperature: float) -> _State
 @torch.no_grad()
 def nearby_moments(th, wid, flat, tables: NearbyTables, temperature: float):
     """(m, s or None, k* uint8 within the window) of weights ``th`` (windows ``wid``, int64) on the (width, n)
-    flat component indices ``flat`` (int64); k* = argmax_c φ_c, the first of ties as torch.argmax."""
-    state = _evaluate(th, wid, flat, tables, temperature)
-    position = state.phi.max(0, keepdim=True).indices  # 12× faster here than argmax(0), the same ties
+    flat component indices ``flat`` (int64); k* = argmax_c log(π_c N_c), the first of ties as torch.argmax: φ_c
+    increases with π_c N_c, but where every e^{π_c N_c} rounds to 1 (a weight far from all of them) φ ties,
+    and its first (the largest bound) need not be the largest π_c N_c. The argmax is over the nearby
+    components, the bin's largest bounds Q_bk (sqs_core.onehot); a lumped one's π N lies below its own bound,
+    which is below theirs, though not necessarily below their values at θ."""
+    state = _evaluate(th, wid, flat, tables, temperature, keep_q=True)
+    assert state.q is not None
+    position = state.q.max(0, keepdim=True).indices  # 12× faster here than argmax(0), the same ties
     best = flat.gather(0, position).squeeze(0)
     return state.m, (None if state.second is None else state.second[0]), (best - wid * tables.k).to(torch.uint8)
 

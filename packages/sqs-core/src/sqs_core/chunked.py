@@ -53,11 +53,10 @@ def _chunk_ranges(numel: int, num_components: int) -> Iterator[tuple[int, int]]:
         yield start, min(numel, start + step)
 
 
-def _log_phi_rows(th, wid, means, log_stds, log_mix, kind, temperature):
-    """log φ (n, K) of flat weights ``th``, each with the components of its window ``wid`` (int64); for the
-    inference paths (the training path, :func:`_full_moments`, reuses its gathered rows for the moments)."""
-    q = component_log_density(th, means[wid], log_stds[wid], log_mix[wid])  # row i: window wid_i
-    return log_responsibilities(q, kind, temperature)
+def _log_density_rows(th, wid, means, log_stds, log_mix):
+    """q = log(π_k N_k(θ)) (n, K) of flat weights ``th``, each with the components of its window ``wid`` (int64);
+    for the inference paths (the training path, :func:`_full_moments`, reuses its gathered rows for the moments)."""
+    return component_log_density(th, means[wid], log_stds[wid], log_mix[wid])  # row i: window wid_i
 
 
 @torch.no_grad()
@@ -65,7 +64,8 @@ def responsibility_blocks(theta, window_ids, means, log_stds, mixing_logits, kin
     """Yield ``(start, end, log_phi)`` blocks of CHUNK_ELEMENTS // K weights covering all weights."""
     log_mix = F.log_softmax(mixing_logits, dim=-1)
     for a, b in _chunk_ranges(theta.numel(), means.shape[1]):
-        yield a, b, _log_phi_rows(theta[a:b], window_ids[a:b].long(), means, log_stds, log_mix, kind, temperature)
+        q = _log_density_rows(theta[a:b], window_ids[a:b].long(), means, log_stds, log_mix)
+        yield a, b, log_responsibilities(q, kind, temperature)
 
 
 @torch.no_grad()
@@ -89,8 +89,7 @@ def uncertain_log_responsibilities(theta, window_ids, certified, means, log_stds
     paper φ rounds to uniform: argmax of φ would take the window's first level, however far it is)."""
     log_mix = F.log_softmax(mixing_logits, dim=-1)
     for index in torch.split(flat_indices(certified, test=torch.logical_not), max(1, CHUNK_ELEMENTS // means.shape[1])):
-        wid = window_ids[index].long()
-        q = component_log_density(theta[index], means[wid], log_stds[wid], log_mix[wid])
+        q = _log_density_rows(theta[index], window_ids[index].long(), means, log_stds, log_mix)
         yield index, log_responsibilities(q, kind, temperature), q.argmax(-1)
 
 
@@ -263,9 +262,10 @@ class _Uncovered:
 
 
 def _full_levels(th, wid, means, log_stds, log_mix, spec, second):
-    """(m, s or None, k* uint8) of uncovered weights on all K components."""
-    m, s, log_phi = _full_moments(th, wid, means, log_stds, log_mix, spec, second)
-    return m, s, log_phi.argmax(-1).to(torch.uint8)
+    """(m, s or None, k* uint8) of uncovered weights on all K components; k* = argmax_k log(π_k N_k(θ)), which is
+    argmax_k φ_k exactly, also where float32 φ ties (:func:`uncertain_log_responsibilities`)."""
+    m, s, log_density = _full_moments(th, wid, means, log_stds, log_mix, spec, second)
+    return m, s, log_density.argmax(-1).to(torch.uint8)
 
 
 def gather(source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -287,14 +287,13 @@ def _level_second_moment(m, flat, log_stds):
 
 
 def _full_moments(th, wid, means, log_stds, log_mix, spec, second):
-    """(m, s or None, log φ) of the full (n, K) evaluation, each weight with its window's components."""
+    """(m, s or None, q = log π_k N_k(θ)) of the full (n, K) evaluation, each weight with its window's components."""
     mu, log_std = gather(means, wid), gather(log_stds, wid)  # gathered once: q and the moments share them
     q = component_log_density(th, mu, log_std, gather(log_mix, wid))  # (n, K): row i holds window wid_i's
-    log_phi = log_responsibilities(q, spec.kind, spec.temperature)
-    phi = log_phi.exp()
+    phi = log_responsibilities(q, spec.kind, spec.temperature).exp()
     m = (phi * mu).sum(-1)
     s = (phi * (mu * mu + torch.exp(2 * log_std))).sum(-1) if second else None
-    return m, s, log_phi
+    return m, s, q
 
 
 def _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds):
