@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sqs_core.artifact import _atomic_write  # private, as bench_artifact's imports: one writer
+from sqs_core.files import write_atomic
 
 
 def best_seconds(fn: Callable[[], object], repeats: int, *, warmup: bool = False) -> float:
@@ -25,9 +25,9 @@ def best_seconds(fn: Callable[[], object], repeats: int, *, warmup: bool = False
 
 def write_json(path: Path | str, data: object, *, indent: int = 2) -> None:
     """``data`` as JSON (and a final newline) at ``path``, its folder made if missing, written whole or not at
-    all by sqs-core's own atomic writer (the artifact's: temporary file beside it, fsync, rename), so an
+    all by sqs-core's atomic writer (sqs_core.files: temporary file beside it, fsync, rename), so an
     interrupted run leaves the earlier file, never half of one."""
     text = json.dumps(data, indent=indent) + "\n"  # serialised first: a value JSON refuses leaves no file behind
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(str(path), [text.encode()])
+    write_atomic(path, text)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import secrets
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from sqs_core import files
 
 __all__ = [
     "OutputFolderError",
@@ -52,23 +52,13 @@ def prepare_out_dir(path: str | Path) -> Path:
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``: readers see the old
-    file or the complete new one, never half of it. The temporary file is removed on any error. It is made
-    with mode 0o666 less the umask, as ``Path.write_text`` makes a file (``mkstemp`` would give 0o600)."""
-    mode = "wb" if isinstance(data, bytes) else "w"
-    tmp = None
+    """Write ``data`` (text as UTF-8) whole or not at all, by sqs-core's writer (:func:`sqs_core.files.write_atomic`:
+    a temporary file beside ``path``, fsync, rename; a new file gets 0o666 less the umask, as ``Path.write_text``
+    makes it). A path that cannot be written, a folder or a FIFO there included, is an OutputFolderError."""
     try:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, mode) as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException as err:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise OutputFolderError(f"could not write {path}: {err.strerror or err}") from err
-        raise
+        files.write_atomic(path, data)
+    except (OSError, ValueError) as err:
+        raise OutputFolderError(f"could not write {path}: {getattr(err, 'strerror', None) or err}") from err
 
 
 def _finite(value: Any) -> bool:

@@ -10,14 +10,9 @@ with the same draws as in memory for the same ``torch.Generator`` seed. The form
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import logging
 import os
-import secrets
-import stat
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +22,7 @@ from ._artifact_file import FORMAT_VERSION, MAGIC, PREFIX, Artifact, check_path,
 from ._artifact_layout import FLOAT_DTYPES, encode
 from ._checks import check_flag, check_generator
 from ._safetensors_format import safetensors_chunks
+from .files import replaced_file, write_atomic
 from .inference import BayesianAverage, check_arguments, discrete_posteriors
 from .layers import SQSLayer
 from .prepare import posteriors, prepared_config
@@ -104,7 +100,7 @@ def save(
     check_flag("per_layer", per_layer)
     check_flag("include_alternatives", include_alternatives)
     target = check_path("path", path)
-    _target(target)  # refuse a folder, FIFO or device before the (costly) encoding
+    replaced_file(target)  # refuse a folder, FIFO or device before the (costly) encoding
     dists = discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer, alternatives=include_alternatives)
     groups, sqs_paths = _layer_groups(model)
     records, blobs = [], []
@@ -133,7 +129,7 @@ def upgrade(source: str | os.PathLike, target: str | os.PathLike) -> None:
     """
     check_path("source", source)
     where = check_path("target", target)
-    _target(where)
+    replaced_file(where)
     art = read_artifact(source)
     records, blobs = [], []
     for rec, d in zip(art.records, art.posteriors().values(), strict=True):
@@ -153,50 +149,9 @@ def _write(path: str, body: dict[str, Any], blobs: list[torch.Tensor], dense: di
 
     tensors, metadata = container({"library": f"sqs-core {__version__}", **body}, blobs, dense)
     chunks, keep_alive = safetensors_chunks(tensors, metadata=metadata)
-    _atomic_write(path, chunks)
+    write_atomic(path, chunks)
     del keep_alive
     return sum(len(c) for c in chunks)
-
-
-def _target(where: str) -> tuple[Path, int | None]:
-    """The file that writing to the user's path ``where`` replaces, symlinks followed to their final
-    target, and the mode bits it keeps (None: a new file, whose mode the umask decides). Refuses an
-    existing folder (IsADirectoryError), and a FIFO, socket or device (ValueError), leaving it untouched."""
-    real = Path(os.path.realpath(where))
-    try:
-        info = real.stat()
-    except FileNotFoundError:
-        return real, None
-    if stat.S_ISDIR(info.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "is a directory, not an artifact file", where)
-    if not stat.S_ISREG(info.st_mode):
-        via = f" (a link to {str(real)!r})" if os.path.abspath(where) != str(real) else ""
-        raise ValueError(f"{where!r}{via} is not a regular file (a FIFO, socket or device): not replacing it")
-    return real, stat.S_IMODE(info.st_mode)
-
-
-def _atomic_write(where: str, chunks: list[bytes | ctypes.Array]) -> None:
-    """Write ``chunks`` to a temporary file beside the file ``where`` names (see :func:`_target`), fsync, then
-    rename over it; nothing is left on error. A rename replaces the directory entry: hence writing beside
-    the symlink's target, not the symlink, and giving the temporary file the old file's mode first."""
-    path, mode = _target(where)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as exc:  # name the user's path, not the hidden temporary file
-        raise type(exc)(exc.errno, exc.strerror, where) from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            for chunk in chunks:
-                handle.write(chunk)
-            handle.flush()
-            if mode is not None:
-                os.fchmod(handle.fileno(), mode)
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 # -- load -------------------------------------------------------------------------------------------------

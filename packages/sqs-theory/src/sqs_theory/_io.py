@@ -7,8 +7,9 @@ study that takes minutes fails at once on a bad ``--out`` instead of after its c
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
+
+from sqs_core import files
 
 __all__ = ["check_output_dir", "check_output_file", "write_text_atomic"]
 
@@ -51,23 +52,10 @@ def check_output_dir(path: Path | str, *, name: str = "out_dir", files: tuple[st
 
 
 def write_text_atomic(path: Path | str, text: str | bytes) -> Path:
-    """Write ``text`` (UTF-8; or ``bytes`` as they are) to a temporary file beside ``path``, then ``os.replace``
-    it (readers never see half a file).
-
-    The temporary file is created with mode 0o666 less the umask, like ``Path.write_text``.
-    """
+    """Write ``text`` (UTF-8; or ``bytes`` as they are) whole or not at all at ``path``, its folder made if
+    missing, by sqs-core's writer (:func:`sqs_core.files.write_atomic`: a temporary file beside it, fsync,
+    rename; a new file gets 0o666 less the umask, like ``Path.write_text``). Returns ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = text.encode("utf-8") if isinstance(text, str) else text  # before the temporary file exists
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    files.write_atomic(path, text)
     return path
