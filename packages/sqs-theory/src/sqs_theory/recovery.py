@@ -21,7 +21,8 @@ def match_units(t1: np.ndarray, t2: np.ndarray, s1: np.ndarray, s2: np.ndarray) 
     w2_j → w2_j / c (c > 0) leaves unchanged and which tells the units of a teacher apart (no two read the same
     ordered pair of inputs). The cosine of the concatenated [w1_j, w2_j] changed with c (rescaling one unit by
     0.44 could swap its match with another's); that of w2_j·w1_j does not, but confuses a unit with one of
-    opposite input and output signs, which computes another function (relu is not odd)."""
+    opposite input and output signs, which computes another function (relu is not odd). t2 and s2 are therefore
+    not read; they stay in the signature so that a teacher and a student are passed whole."""
     tn = t1 / np.maximum(np.linalg.norm(t1, axis=1, keepdims=True), 1e-12)
     sn = s1 / np.maximum(np.linalg.norm(s1, axis=1, keepdims=True), 1e-12)
     _, perm = linear_sum_assignment(-(tn @ sn.T))
