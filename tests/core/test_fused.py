@@ -16,7 +16,7 @@ from sqs_core import _fused, chunked
 from sqs_core.onehot import NEARBY_WIDTHS
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
-from uncovered import evaluated_components, uncovered_counts
+from uncovered import evaluated_components, log_densities64, uncovered_counts
 
 # inductor's own use of torch.jit.script_method, not ours (its numpy warning: pyproject.toml)
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
@@ -137,11 +137,8 @@ def test_compiled_forward_takes_the_argmax_of_pi_n_where_phi_ties(small_chunks):
         p.moments(second=True)
     eager, compiled = posteriors
     assert set(uncovered_counts(compiled)) >= {0, 4}  # the all-K and the nearby path both run
-    th, wid = eager.weight.detach().reshape(-1), eager.window_ids.reshape(-1).long()
-    q = torch.log_softmax(eager.mixing_logits.detach(), -1)[wid] - eager.log_stds.detach()[wid]
-    q = q - 0.5 * ((th[:, None] - eager.means.detach()[wid]) * torch.exp(-eager.log_stds.detach()[wid])) ** 2
     assert torch.equal(compiled._kstar, eager._kstar)
-    q = q.masked_fill(~evaluated_components(eager), -math.inf)  # test_posterior: the nearby path leaves some out
+    q = log_densities64(eager).masked_fill(~evaluated_components(eager), -math.inf)  # nearby: some left out
     assert torch.equal(eager._kstar.reshape(-1).long(), q.argmax(-1))
 
 

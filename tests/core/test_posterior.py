@@ -12,7 +12,7 @@ from sqs_core import chunked
 from sqs_core.mixture import bernoulli_kl, gaussian_kl, log_responsibilities
 from sqs_core.onehot import lump_log_density
 from sqs_core.posterior import SpikeGMMPosterior, sampling_probs
-from uncovered import evaluated_components
+from uncovered import evaluated_components, log_densities64
 
 
 def _posterior(shape=(24, 17), k=4, windows="outlier", seed=0, **kw):
@@ -143,19 +143,11 @@ def test_greedy_takes_the_exact_argmax_where_phi_rounds_to_uniform(seed, k, log_
     with torch.no_grad():
         p.log_stds.fill_(log_std)
     phi = p.responsibilities()
-    q = _log_densities64(p)
+    q = log_densities64(p)
     levels = p.greedy_levels().reshape(-1).long()
     assert torch.equal(levels, q.argmax(-1))  # K-means' distinct means: no exact tie in float64 here
     chosen = phi.gather(1, levels[:, None]).squeeze(1)
     assert torch.equal(chosen, phi.max(-1).values)  # one of φ's argmaxes
-
-
-def _log_densities64(p):
-    """log(π_k N_k(θ)) (T, K) of every weight with its window's components, in float64."""
-    th, wid = p.weight.reshape(-1).double(), p.window_ids.reshape(-1).long()
-    sd = p.log_stds.double()
-    q = F.log_softmax(p.mixing_logits.double(), -1)[wid] - sd[wid]
-    return q - 0.5 * ((th[:, None] - p.means.double()[wid]) * torch.exp(-sd[wid])) ** 2
 
 
 @settings(max_examples=20)
@@ -178,7 +170,7 @@ def test_training_forward_takes_the_argmax_of_pi_n_where_phi_ties(seed, k, log_s
         p.log_stds.fill_(log_std)
         p.means.add_(shift)
     p.moments()
-    q = _log_densities64(p)
+    q = log_densities64(p)
     chosen = q.gather(1, p._kstar.reshape(-1, 1).long()).squeeze(1)
     best_evaluated = q.masked_fill(~evaluated_components(p), -math.inf).max(-1).values
     best = q.max(-1).values

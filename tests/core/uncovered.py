@@ -1,5 +1,5 @@
-"""The blocks of uncovered weights (sqs_core.onehot) of a posterior, as a training forward makes them: a helper of
-test_fused, test_onehot and test_posterior."""
+"""The blocks of uncovered weights (sqs_core.onehot) of a posterior, as a training forward makes them, and a
+float64 reference of log(π_k N_k(θ)): helpers of test_fused, test_onehot and test_posterior."""
 
 from collections import Counter
 
@@ -39,3 +39,11 @@ def evaluated_components(p) -> torch.Tensor:
             evaluated[u] = False
             evaluated[u[None, :].expand_as(columns), columns] = True
     return evaluated
+
+
+def log_densities64(p) -> torch.Tensor:
+    """log(π_k N_k(θ)) (T, K) of every weight of the posterior ``p`` with its window's components, in float64."""
+    th, wid = p.weight.detach().reshape(-1).double(), p.window_ids.reshape(-1).long()
+    sd = p.log_stds.detach().double()
+    q = F.log_softmax(p.mixing_logits.detach().double(), -1)[wid] - sd[wid]
+    return q - 0.5 * ((th[:, None] - p.means.detach().double()[wid]) * torch.exp(-sd[wid])) ** 2
