@@ -211,3 +211,18 @@ def test_atomic_writes_keep_the_usual_file_mode(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_atomic_writes_follow_a_symlink_and_refuse_a_folder(tmp_path):
+    """Result files go through sqs-core's writer: a symlinked result file has its target rewritten (the link
+    stays), and a folder where the file should be is an OutputFolderError naming it, left untouched."""
+    from sqs_bench.results import OutputFolderError, write_atomic
+
+    (tmp_path / "target.json").write_text("old")
+    (tmp_path / "r.json").symlink_to(tmp_path / "target.json")
+    write_atomic(tmp_path / "r.json", "{}")
+    assert (tmp_path / "r.json").is_symlink() and (tmp_path / "target.json").read_text() == "{}"
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(OutputFolderError, match="folder.json"):
+        write_atomic(tmp_path / "folder.json", "{}")
+    assert (tmp_path / "folder.json").is_dir() and not any((tmp_path / "folder.json").iterdir())

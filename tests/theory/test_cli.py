@@ -34,3 +34,17 @@ def test_unknown_command_fails():
 def test_module_entry_point_runs():
     result = subprocess.run([sys.executable, "-m", "sqs_theory", "--help"], capture_output=True, text=True, check=True)
     assert "errata" in result.stdout and "checks" in result.stdout
+
+
+def test_outputs_are_written_whole_through_a_symlink_and_into_a_new_folder(tmp_path):
+    """sqs-theory writes through sqs-core's atomic writer: the folder is made, a symlink's target is rewritten
+    (the link stays), and no temporary file is left beside it."""
+    from sqs_theory._io import write_text_atomic
+
+    assert write_text_atomic(tmp_path / "new" / "a.json", "{}") == tmp_path / "new" / "a.json"
+    assert (tmp_path / "new" / "a.json").read_text() == "{}"
+    (tmp_path / "target.json").write_text("old")
+    (tmp_path / "link.json").symlink_to(tmp_path / "target.json")
+    write_text_atomic(tmp_path / "link.json", b"[1]")
+    assert (tmp_path / "link.json").is_symlink() and (tmp_path / "target.json").read_bytes() == b"[1]"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "new", "target.json"]
