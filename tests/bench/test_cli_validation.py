@@ -223,6 +223,6 @@ def test_atomic_writes_follow_a_symlink_and_refuse_a_folder(tmp_path):
     write_atomic(tmp_path / "r.json", "{}")
     assert (tmp_path / "r.json").is_symlink() and (tmp_path / "target.json").read_text() == "{}"
     (tmp_path / "folder.json").mkdir()
-    with pytest.raises(OutputFolderError, match="folder.json"):
+    with pytest.raises(OutputFolderError, match=r"folder\.json"):
         write_atomic(tmp_path / "folder.json", "{}")
     assert (tmp_path / "folder.json").is_dir() and not any((tmp_path / "folder.json").iterdir())
