@@ -37,14 +37,23 @@ def test_module_entry_point_runs():
 
 
 def test_outputs_are_written_whole_through_a_symlink_and_into_a_new_folder(tmp_path):
-    """sqs-theory writes through sqs-core's atomic writer: the folder is made, a symlink's target is rewritten
-    (the link stays), and no temporary file is left beside it."""
+    """sqs-theory's atomic writer (its own: sqs-core's would import torch): the folder is made, a symlink's
+    target is rewritten (the link stays, and is the path returned), and no temporary file is left beside it."""
     from sqs_theory._io import write_text_atomic
 
     assert write_text_atomic(tmp_path / "new" / "a.json", "{}") == tmp_path / "new" / "a.json"
     assert (tmp_path / "new" / "a.json").read_text() == "{}"
     (tmp_path / "target.json").write_text("old")
     (tmp_path / "link.json").symlink_to(tmp_path / "target.json")
-    write_text_atomic(tmp_path / "link.json", b"[1]")
+    assert write_text_atomic(tmp_path / "link.json", b"[1]") == tmp_path / "link.json"
     assert (tmp_path / "link.json").is_symlink() and (tmp_path / "target.json").read_bytes() == b"[1]"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "new", "target.json"]
+
+
+def test_the_checks_import_without_torch():
+    """``import sqs_theory`` and its checks, errata and CLI helpers stay light: numpy, scipy and sympy, no torch
+    (sqs-core imports torch; only the convergence study needs it)."""
+    code = (
+        "import sys, sqs_theory, sqs_theory.errata, sqs_theory._io, sqs_theory.checks; sys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -7,9 +7,8 @@ study that takes minutes fails at once on a bad ``--out`` instead of after its c
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
-
-from sqs_core import files
 
 __all__ = ["check_output_dir", "check_output_file", "write_text_atomic"]
 
@@ -52,10 +51,26 @@ def check_output_dir(path: Path | str, *, name: str = "out_dir", files: tuple[st
 
 
 def write_text_atomic(path: Path | str, text: str | bytes) -> Path:
-    """Write ``text`` (UTF-8; or ``bytes`` as they are) whole or not at all at ``path``, its folder made if
-    missing, by sqs-core's writer (:func:`sqs_core.files.write_atomic`: a temporary file beside it, fsync,
-    rename; a new file gets 0o666 less the umask, like ``Path.write_text``). Returns ``path``."""
+    """Write ``text`` (UTF-8; or ``bytes`` as they are) to a temporary file beside ``path``, then ``os.replace``
+    it (readers never see half a file). A symlink is followed: its target is rewritten and the link kept.
+
+    The temporary file is created with mode 0o666 less the umask, like ``Path.write_text``. sqs-core's
+    ``sqs_core.files.write_atomic`` does the same for the other packages; it is not used here because
+    importing sqs-core imports torch, and ``import sqs_theory`` (the checks) needs numpy, scipy and sympy only.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    files.write_atomic(path, text)
+    target = Path(os.path.realpath(path))  # returned as given: the user's path, link or not
+    data = text.encode("utf-8") if isinstance(text, str) else text  # before the temporary file exists
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
