@@ -124,11 +124,11 @@ def test_a_checkpoint_loads_into_a_model_prepared_from_another_init(caplog):
     _train_step(trained, opt, x, y)
     checkpoint = copy.deepcopy((trained.state_dict(), opt.state_dict()))
     fresh = _fresh(config)
-    assert sqs.posteriors(fresh)["0"].num_windows < sqs.posteriors(trained)["0"].num_windows
+    windows = (sqs.posteriors(trained)["0"].num_windows, sqs.posteriors(fresh)["0"].num_windows)
+    assert windows[1] < windows[0]
     fresh_opt = torch.optim.AdamW(sqs.param_groups(fresh))  # built before the load, as scripts often do
     with caplog.at_level("INFO", logger="sqs_core._window_load"):
         fresh.load_state_dict(checkpoint[0])
-    windows = (sqs.posteriors(trained)["0"].num_windows, sqs.posteriors(_fresh(config))["0"].num_windows)
     assert [r.getMessage() for r in caplog.records] == [
         f"layer '0': {windows[1]} windows in this model, the checkpoint's {windows[0]} taken"
     ]
