@@ -148,3 +148,15 @@ def test_a_checkpoint_of_another_k_or_without_window_ids_is_refused_clearly():
     partial = {k: v for k, v in state.items() if not k.endswith("window_ids")}
     with pytest.raises(RuntimeError, match="holds no window_ids"):
         _fresh(sqs.SQSConfig(num_components=4)).load_state_dict(partial, strict=False)
+
+
+def test_per_window_names_every_tensor_whose_size_follows_the_window_count():
+    """take_window_count resizes the tensors _window_load.PER_WINDOW names; a posterior tensor added later whose
+    size depends on W and is missing there would fail the load with a bare size mismatch."""
+    from sqs_core._window_load import PER_WINDOW
+
+    config = sqs.SQSConfig(num_components=4)
+    many, few = sqs.prepare_(_with_outliers(0), config).state_dict(), _fresh(config).state_dict()
+    assert many.keys() == few.keys()
+    differing = {key.rpartition(".")[2] for key in many if many[key].shape != few[key].shape}
+    assert differing == set(PER_WINDOW)
