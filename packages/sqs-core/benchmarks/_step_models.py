@@ -30,12 +30,31 @@ def parse_case(text: str) -> tuple[str, int, int]:
     return kind, int(batch), 4 if kind == "resnet20" else 64
 
 
+def cpu_model() -> str | None:
+    """The first CPU's model name, family and model number from /proc/cpuinfo (Linux), else None: a VM may
+    name only the vendor, and the step figures differ between CPUs of one architecture (docs/method.md,
+    "Session 28"), so a result names the one it ran on."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            first = info.read().split("\n\n")[0]
+    except OSError:
+        return None
+    fields = dict(line.partition(":")[::2] for line in first.splitlines())
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    if "model name" not in fields:
+        return None
+    return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+
+
 def machine_info() -> dict:
-    """The machine a run measured: platform, CPUs, Python, torch and its threads, and the allocator settings
-    (LD_PRELOAD, GLIBC_TUNABLES), which change peak RSS and speed on the CPU (docs/method.md, "Memory")."""
+    """The machine a run measured: platform, CPU model and the kernels torch picked for it, CPUs, Python, torch
+    and its threads, and the allocator settings (LD_PRELOAD, GLIBC_TUNABLES), which change peak RSS and speed on
+    the CPU (docs/method.md, "Memory")."""
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
