@@ -32,15 +32,14 @@ def parse_case(text: str) -> tuple[str, int, int]:
 
 def cpu_model() -> str | None:
     """The first CPU's model name, family and model number from /proc/cpuinfo (Linux), else None: a VM may
-    name only the vendor, and the step figures differ between CPUs of one architecture (docs/method.md,
-    "Session 28"), so a result names the one it ran on."""
+    name only the vendor, and the step figures differ between CPUs of one architecture (docs/step-benchmarks.md),
+    so a result names the one it ran on."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
             first = info.read().split("\n\n")[0]
     except OSError:
         return None
-    fields = dict(line.partition(":")[::2] for line in first.splitlines())
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
     if "model name" not in fields:
         return None
     return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
