@@ -10,8 +10,6 @@ A plain fine-tuning step is AdamW on the model's weights (lr 1e-4); an SQS step 
 
 from __future__ import annotations
 
-import os
-import platform
 from collections.abc import Callable
 
 import sqs_core as sqs
@@ -28,39 +26,6 @@ def parse_case(text: str) -> tuple[str, int, int]:
     if kind not in KINDS or not batch.isdigit() or int(batch) < 1:
         raise ValueError(f"expected KIND:BATCH with KIND one of {KINDS} and BATCH >= 1, got {text!r}")
     return kind, int(batch), 4 if kind == "resnet20" else 64
-
-
-def cpu_model() -> str | None:
-    """The first CPU's model name, family and model number from /proc/cpuinfo (Linux), else None: a VM may
-    name only the vendor, and the step figures differ between CPUs of one architecture (docs/step-benchmarks.md),
-    so a result names the one it ran on."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            first = info.read().split("\n\n")[0]
-    except OSError:
-        return None
-    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
-    if "model name" not in fields:
-        return None
-    return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
-
-
-def machine_info() -> dict:
-    """The machine a run measured: platform, CPU model and the kernels torch picked for it, CPUs, Python, torch
-    and its threads, and the allocator settings (LD_PRELOAD, GLIBC_TUNABLES), which change peak RSS and speed on
-    the CPU (docs/method.md, "Memory")."""
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_model": cpu_model(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "ld_preload": os.environ.get("LD_PRELOAD") or None,
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES") or None,
-    }
 
 
 def resnet20() -> nn.Module:

@@ -25,14 +25,13 @@ import copy
 import json
 import math
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import sqs_core as sqs
 import torch
-from _timing import best_seconds, write_json  # this folder, on sys.path when run as a script
+from _timing import best_seconds, machine_info, write_json  # this folder, on sys.path when run as a script
 from sqs_core._artifact_file import Artifact
 from sqs_core._artifact_layout import FLOAT_DTYPES, _Decoded, decode_weight, encode
 from sqs_core.artifact import read_artifact
@@ -205,14 +204,8 @@ def trained_files(paths: list[Path], repeats: int) -> list[dict]:
 
 
 def machine() -> dict:
-    return {
-        "processor": platform.processor() or platform.machine(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "load_average_1min_at_start": os.getloadavg()[0],  # the 2 cores are shared with other jobs
-    }
+    """_timing.machine_info and the 1-minute load average at the start: the 2 cores are shared with other jobs."""
+    return {**machine_info(), "load_average_1min_at_start": os.getloadavg()[0]}
 
 
 def print_table(rows: list[dict]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from _timing import best_seconds, write_json  # this folder, on sys.path when run as a script
+from _timing import best_seconds, machine_info, write_json  # this folder, on sys.path when run as a script
 from sqs_core.packing import pack_bits, unpack_bits, unpack_gather
 
 
@@ -44,7 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=16 * 2**20)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--json", default=None, help="also write the machine and the rows to this JSON file")
     args = parser.parse_args()
     rows = run(args.count, args.repeats)
     print(f"count={args.count} threads={torch.get_num_threads()} torch={torch.__version__}")
@@ -52,7 +52,7 @@ def main() -> None:
         rate = f"{row['weights_per_s']:.3e} weights/s"
         print(f"bits={row['bits']} K={row['levels']:<3} {row['path']:<26} {rate}")
     if args.json:
-        write_json(args.json, rows)
+        write_json(args.json, {"machine": machine_info(), "count": args.count, "rows": rows})
 
 
 if __name__ == "__main__":

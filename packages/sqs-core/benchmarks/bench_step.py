@@ -40,8 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _step_models import machine_info, parse_case  # this folder (a script's own folder is on sys.path)
-from _timing import write_json
+from _step_models import parse_case  # this folder (a script's own folder is on sys.path)
+from _timing import machine_info, write_json
 
 CASE = r"""
 import json, resource, sys, time, torch

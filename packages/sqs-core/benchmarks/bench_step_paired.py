@@ -27,7 +27,7 @@ from pathlib import Path
 from statistics import median
 
 from _step_models import KINDS, parse_case  # this folder (a script's own folder is on sys.path)
-from _timing import write_json
+from _timing import machine_info, write_json
 
 SQS_MODES = ("sqs", "sqs-compiled")
 
@@ -98,8 +98,6 @@ def main() -> None:
     if "sqs-compiled" in modes and not args.warm_cache:
         cache = tempfile.TemporaryDirectory(prefix="inductor-")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name  # read when inductor first compiles
-    from _step_models import machine_info
-
     result = run(kind, batch, k, modes, args.steps)
     for mode in modes:
         r = result[mode]

@@ -10,13 +10,12 @@ the bytes, the file rate of the compressed layers and the paper's formula + mask
 from __future__ import annotations
 
 import argparse
-import platform
 import tempfile
 from pathlib import Path
 
 import sqs_core as sqs
 import torch
-from _timing import write_json  # this folder, on sys.path when run as a script
+from _timing import machine_info, write_json  # this folder, on sys.path when run as a script
 from sqs_core._artifact_file import read_artifact
 from sqs_core.report import _report  # the report of a file already read (each file is read once)
 
@@ -67,8 +66,7 @@ def main() -> None:
             f"{r['after']['compressed_bytes'] / plus_mask:>9.3f}x"
         )
     if args.json:
-        machine = {"platform": platform.platform(), "torch": torch.__version__}
-        write_json(args.json, {"machine": machine, "files": rows}, indent=1)
+        write_json(args.json, {"machine": machine_info(), "files": rows}, indent=1)
 
 
 if __name__ == "__main__":
