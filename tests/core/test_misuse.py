@@ -41,6 +41,20 @@ def test_a_non_finite_posterior_is_not_turned_into_weights(tmp_path, attr, value
     assert all(layer.mode == "variational" for layer in sqs.sqs_layers(model).values())
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_the_pruning_schedule_refuses_to_rank_non_finite_gates(value):
+    """A NaN gate logit has no rank: the schedule once kept or pruned it arbitrarily and went on."""
+    model = prepared()
+    schedule = sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=4)
+    schedule.step(0)
+    with torch.no_grad():
+        sqs.posteriors(model)["2"].gate_logits.view(-1)[3] = value
+    masks = [p.mask.clone() for p in sqs.posteriors(model).values()]
+    with pytest.raises(ValueError, match=r"layer '2' holds NaN or inf in gate_logits.*cannot be ranked for pruning"):
+        schedule.step(4)
+    assert all(torch.equal(m, p.mask) for m, p in zip(masks, sqs.posteriors(model).values(), strict=True))
+
+
 def test_a_non_finite_kl_names_the_layer():
     model = prepared()
     with torch.no_grad():  # finite means whose μ²/σ_0² overflows float32 in KL(N(μ, σ²) ‖ N(0, σ_0²))

@@ -1,6 +1,7 @@
 import itertools
 import math
 
+import pytest
 import sqs_core as sqs
 import torch
 from hypothesis import given, settings
@@ -74,6 +75,37 @@ def test_pruning_ranks_saturated_gates_by_their_logits(nonzero, offset, seed):
 def test_keep_top_fraction_breaks_ties_exactly():
     masks = keep_top_fraction({"a": torch.zeros(10), "b": torch.zeros(6)}, 0.5)
     assert int(masks["a"].sum() + masks["b"].sum()) == 8
+
+
+@pytest.mark.parametrize(
+    ("scores", "message"),
+    [
+        ({"a": torch.tensor([1.0, float("nan"), 0.5])}, r"scores\['a'\] holds NaN \(1 of 3\)"),
+        ({}, "non-empty dict"),
+        ([torch.ones(3)], "non-empty dict of name -> tensor, got list"),
+        ({"a": [1.0, 2.0]}, r"scores\['a'\] must be a real .* got list"),
+        ({"a": torch.ones(3, dtype=torch.complex64)}, "got a torch.complex64 tensor"),
+    ],
+)
+def test_keep_top_fraction_refuses_scores_it_cannot_rank(scores, message):
+    for per_layer in (False, True):
+        with pytest.raises(ValueError, match=message):
+            keep_top_fraction(scores, 0.5, per_layer=per_layer)
+
+
+@given(
+    finite=st.lists(st.floats(-1e30, 1e30), min_size=1, max_size=30),
+    plus=st.integers(0, 5),
+    minus=st.integers(0, 5),
+    nonzero=nonzero_rates,
+)
+def test_keep_top_fraction_ranks_infinities_first_and_last(finite, plus, minus, nonzero):
+    scores = torch.tensor([math.inf] * plus + finite + [-math.inf] * minus)
+    keep = keep_top_fraction({"s": scores}, nonzero)["s"]
+    n_keep = max(1, round(nonzero * scores.numel()))
+    assert int(keep.sum()) == n_keep
+    assert bool(keep[:plus].all()) or n_keep < plus
+    assert not bool(keep[scores.numel() - minus :].any()) or n_keep > plus + len(finite)
 
 
 def test_pruning_schedule_reaches_target_and_gate_temperature_halves():

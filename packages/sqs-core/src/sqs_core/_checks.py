@@ -18,6 +18,7 @@ import torch
 __all__ = [
     "F32_STD_MAX",
     "F32_STD_MIN",
+    "check_finite_parameters",
     "check_flag",
     "check_generator",
     "check_int",
@@ -88,3 +89,14 @@ def check_generator(name: str, value: Any) -> torch.Generator | None:
     if value is not None and not isinstance(value, torch.Generator):
         raise ValueError(f"{name} must be a torch.Generator or None, got {value!r} ({type(value).__name__})")
     return value
+
+
+def check_finite_parameters(name: str, posterior: Any, attrs: tuple[str, ...], consequence: str) -> None:
+    """A ValueError naming the layer ``name`` and the first of the posterior's ``attrs`` that holds NaN or inf
+    (after a non-finite gradient, say), ending with ``consequence``: what cannot be done with it."""
+    for attr in attrs:
+        if not torch.isfinite(getattr(posterior, attr)).all():
+            raise ValueError(
+                f"the posterior of layer {name!r} holds NaN or inf in {attr} (a non-finite gradient in training?); "
+                f"{consequence}: restore it from a checkpoint"
+            )

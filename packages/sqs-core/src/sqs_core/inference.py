@@ -10,7 +10,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from ._checks import check_flag, check_generator, check_int
+from ._checks import check_finite_parameters, check_flag, check_generator, check_int
 from .discrete import DiscretePosterior
 from .posterior import SpikeGMMPosterior
 from .prepare import posteriors, prepared_config, sqs_layers
@@ -19,6 +19,9 @@ from .selection import keep_top_fraction
 __all__ = ["BayesianAverage", "discrete_posteriors", "greedy_", "sample_", "variational_"]
 
 log = logging.getLogger(__name__)
+
+# a NaN or inf in any of them would make the greedy levels, the draws or the saved codebook NaN
+POSTERIOR_PARAMETERS = ("means", "log_stds", "mixing_logits", "gate_logits")
 
 
 def _log_revived(posts: dict[str, SpikeGMMPosterior], keep: dict[str, torch.Tensor]) -> None:
@@ -51,7 +54,7 @@ def discrete_posteriors(
     prepared_config(model)
     posts = posteriors(model)
     for name, p in posts.items():
-        _check_finite(name, p)
+        check_finite_parameters(name, p, POSTERIOR_PARAMETERS, "it cannot be turned into weights")
     if nonzero is None:
         keep = {name: p.mask.clone() for name, p in posts.items()}
     else:
@@ -71,17 +74,6 @@ def discrete_posteriors(
             alt_probs=alt_probs,
         )
     return out
-
-
-def _check_finite(name: str, posterior) -> None:
-    """A ValueError naming the layer and the parameter when a posterior holds NaN or inf (after a NaN
-    gradient, say): its greedy levels, draws and saved codebook would be NaN."""
-    for attr in ("means", "log_stds", "mixing_logits", "gate_logits"):
-        if not torch.isfinite(getattr(posterior, attr)).all():
-            raise ValueError(
-                f"the posterior of layer {name!r} holds NaN or inf in {attr} (a non-finite gradient in training?); "
-                "it cannot be turned into weights: restore it from a checkpoint"
-            )
 
 
 def _setters(model: nn.Module) -> dict[str, Callable[[torch.Tensor], None]]:

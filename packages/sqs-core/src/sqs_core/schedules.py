@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._checks import check_flag, check_int, check_real
+from ._checks import check_finite_parameters, check_flag, check_int, check_real
 from .prepare import posteriors, prepared_config
 from .selection import check_nonzero, keep_top_fraction
 
@@ -105,6 +105,8 @@ class PruningSchedule:
             for p in posts.values():
                 p.set_mask_(True)
         else:  # ranks as λ̃; pinned rows (always pruned) rank lowest, so the kept count stays exact
+            for name, p in posts.items():  # a NaN gate has no rank: it would be kept or pruned arbitrarily
+                check_finite_parameters(name, p, ("gate_logits",), "its gates cannot be ranked for pruning")
             scores = {name: p.without_pinned(p.keep_logits().detach(), -math.inf) for name, p in posts.items()}
             masks = keep_top_fraction(scores, nonzero, per_layer=self.per_layer)
             for name, p in posts.items():

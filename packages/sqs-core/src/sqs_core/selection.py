@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from ._checks import check_real
+from ._checks import check_flag, check_real
 
 __all__ = ["check_nonzero", "keep_top_fraction"]
 
@@ -19,6 +20,21 @@ def check_nonzero(nonzero: Any, *, name: str = "nonzero") -> float:
     if not 0.0 < out <= 1.0:
         raise ValueError(f"{name} must lie in (0, 1], got {nonzero!r}")
     return out
+
+
+def _check_scores(scores: Any) -> None:
+    """A ValueError unless ``scores`` is a non-empty mapping of names to real (float, integer or bool) tensors
+    without NaN: a NaN has no rank, so it would be kept or pruned arbitrarily. ±inf rank last and first."""
+    if not isinstance(scores, Mapping) or not scores:
+        got = f"{type(scores).__name__} {scores!r:.80}"
+        raise ValueError(f"scores must be a non-empty dict of name -> tensor, got {got}")
+    for name, value in scores.items():
+        if not isinstance(value, torch.Tensor) or value.is_complex():
+            kind = f"a {value.dtype} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"scores[{name!r}] must be a real (float, integer or bool) tensor, got {kind}")
+        if value.is_floating_point() and bool(torch.isnan(value).any()):
+            count = f"{int(torch.isnan(value).sum())} of {value.numel()}"
+            raise ValueError(f"scores[{name!r}] holds NaN ({count}): NaN has no rank")
 
 
 def _flat_scores(scores: torch.Tensor) -> torch.Tensor:
@@ -47,6 +63,8 @@ def keep_top_fraction(
     round(nonzero · T) exactly (at least one weight). Float scores are ranked as float32, integer ones as
     they are."""
     nonzero = check_nonzero(nonzero)
+    check_flag("per_layer", per_layer)
+    _check_scores(scores)
     if per_layer:
         out = {}
         for name, s in scores.items():
