@@ -135,6 +135,14 @@ def test_a_data_dir_that_is_a_file_is_not_a_folder(tmp_path, capsys):
     assert "afile is not a folder" in err and "does not exist" not in err
 
 
+def test_a_run_refused_for_missing_data_creates_no_output_folder(tmp_path, capsys):
+    """The output folder is created only after every check that can refuse the run (it was created first)."""
+    out = tmp_path / "new" / "out"
+    assert _run(tmp_path / "nodata", out, "--method", "uniform") == 2
+    assert "does not exist" in _error(capsys)
+    assert not (tmp_path / "new").exists()
+
+
 def _nan_acc(result: dict) -> None:
     result["metrics"]["acc"] = math.nan
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ __all__ = [
     "OutputFolderError",
     "ResultFileError",
     "load_result_files",
+    "out_dir_path",
     "prepare_out_dir",
     "validate_result",
     "write_atomic",
@@ -37,11 +39,23 @@ class ResultFileError(ValueError):
     """A result file is unreadable or not shaped like a result; the message names the file and the key."""
 
 
-def prepare_out_dir(path: str | Path) -> Path:
-    """Create ``path`` (with parents) if needed and check that a file can be written in it."""
+def out_dir_path(path: str | Path) -> Path:
+    """``path`` as a Path, refused if something other than a folder is there or if it is missing and its
+    nearest existing parent is a file or not writable; nothing is created (prepare_out_dir does that)."""
     out = Path(path).expanduser()
     if out.exists() and not out.is_dir():
         raise OutputFolderError(f"output folder {out} is not a folder (it is a file)")
+    if not out.exists():
+        parent = next(p for p in out.absolute().parents if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            why = "is a file" if not parent.is_dir() else "is not writable"
+            raise OutputFolderError(f"output folder {out} cannot be created or written: {parent} {why}")
+    return out
+
+
+def prepare_out_dir(path: str | Path) -> Path:
+    """Create ``path`` (with parents) if needed and check that a file can be written in it."""
+    out = out_dir_path(path)
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out, prefix=".write_test_"):

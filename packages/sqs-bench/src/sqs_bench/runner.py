@@ -27,7 +27,7 @@ from sqs_bench import baselines
 from sqs_bench.config import expand_recipe, load_recipe, load_suite, suite_labels
 from sqs_bench.data import CIFAR10_URL, FULL_SIZES, CifarSplits, DataNotFoundError, load_splits
 from sqs_bench.models import load_model, require_timm
-from sqs_bench.results import OutputFolderError, prepare_out_dir, write_atomic
+from sqs_bench.results import OutputFolderError, out_dir_path, prepare_out_dir, write_atomic
 from sqs_bench.stats import accuracy, paired_bootstrap_drop_ci
 from sqs_bench.train import Budget, predict
 
@@ -320,13 +320,14 @@ def run_suite(
 ) -> list[dict]:
     """Run every configuration of ``suite`` × ``tier`` (optionally filtered by ``only``).
 
-    Before any compute: the output folder is created and write-tested, existing outputs of these runs are
-    refused unless ``overwrite``, and every run's method, model library and data are checked."""
+    Before any compute: existing outputs of these runs are refused unless ``overwrite``, every run's method,
+    model library and data are checked, and only then is the output folder created and write-tested (a
+    run refused for missing data leaves no empty folder behind)."""
     configs = [c for c in suite_configs(suite, tier) if only is None or only(c)]
-    out = prepare_out_dir(out_dir)
-    check_outputs(configs, out, overwrite=overwrite)
+    check_outputs(configs, out_dir_path(out_dir), overwrite=overwrite)
     cache: dict = {}
     check_requirements(configs, data_dir, cache)
+    out = prepare_out_dir(out_dir)
     results = []
     for config in configs:
         result = run_config(config, data_dir, out, cache, overwrite=overwrite)
