@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqs_core import chunked, onehot
+from sqs_core import _nearby, chunked, onehot
 from sqs_core.mixture import component_log_density, log_responsibilities
 from sqs_core.onehot import (
     CERTIFY_MARGIN,
@@ -21,7 +21,7 @@ from sqs_core.onehot import (
 )
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
-from uncovered import uncovered_counts
+from uncovered import evaluated_components, log_densities64, uncovered_counts
 
 
 def _full_log_phi(theta, means, log_stds, mixing_logits, kind, temperature):
@@ -216,3 +216,36 @@ def test_bounds_that_overflow_float32_leave_no_padding_column_on_top(k, extreme,
     assert torch.isfinite(kl) == (extreme == "tiny-sigma")
     (mean.sum() + (kl if extreme == "tiny-sigma" else 0)).backward()
     assert torch.isfinite(p.gate_logits.grad).all() and torch.isfinite(p.log_stds.grad).all()
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10**6), narrowing=st.sampled_from([1.5, 2.5, 3.5]), second=st.booleans())
+def test_the_exp_floor_changes_no_float32_moment_or_gradient(seed, narrowing, second):
+    """The eager nearby evaluation raises exp arguments below _nearby.exp_floor (torch's CPU exp is ~100×
+    slower below it) and zeroes ∂π N/∂q there. In float32, with narrow components (many π N far below the
+    floor) and rows whose largest π N is large (the softmaxes' other terms below it), the moments and every
+    gradient match the evaluation without the floor."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(80, 60, generator=g) * 0.1
+    config = sqs.SQSConfig(num_components=16, windows="none", temperature=5e-4, train_weight=True)
+    results = []
+    for floor in (_nearby.exp_floor, lambda dtype: -math.inf):
+        p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            p.log_stds.sub_(narrowing)
+            p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=torch.Generator().manual_seed(seed)))
+        with mock.patch.object(_nearby, "exp_floor", floor):
+            mean, var = p.moments(second=second)
+            params = [p.means, p.log_stds, p.mixing_logits, p.gate_logits, p.weight]
+            weights = torch.randn(mean.shape, generator=torch.Generator().manual_seed(1))
+            grads = torch.autograd.grad((mean * weights).sum() + (var.sum() if second else 0), params)
+        results.append((mean.detach(), var.detach() if second else mean.new_zeros(()), grads))
+    evaluated = evaluated_components(p)
+    nearby = evaluated.sum(1) < 16  # the weights of the nearby path, on their evaluated components
+    q = log_densities64(p)[nearby]
+    below = q[evaluated[nearby]] < _nearby.exp_floor(torch.float32)
+    assert int(nearby.sum()) > 50 and int(below.sum()) > 100  # the floor is reached, many times
+    (mean, var, ours), (mean_ref, var_ref, theirs) = results
+    assert torch.allclose(mean, mean_ref, rtol=1e-6, atol=1e-30) and torch.allclose(var, var_ref, rtol=1e-6, atol=1e-30)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max()))
