@@ -53,8 +53,8 @@ __all__ = [
 
 def exp_floor(dtype: torch.dtype) -> float:
     """1 + log of ``dtype``'s smallest normal number (−86.34 in float32; at the log itself e^x rounds to a
-    subnormal): the nearby evaluation raises every exp argument below it to it, so such an e^x is ~3.2e-38
-    where it was below 8.7e-39 (a subnormal or 0 when it is below 1.2e-38).
+    subnormal): the nearby evaluation raises every exp argument below it to it, so such an e^x is 3.2e-38
+    where it was smaller (a subnormal or 0 below 1.2e-38).
     - π N = e^q: its e^{π N} is exactly 1 either way, and the backward takes ∂π N/∂q as 0 where q was
       raised (as it is where q is clamped at 80), since z, which multiplies it, is huge exactly there.
     - The softmaxes' terms: each one is summed beside its row's largest, e^0 = 1 (both subtract their
