@@ -40,6 +40,10 @@ def initial_gate_logits(theta: torch.Tensor, config: SQSConfig) -> torch.Tensor:
         # |θ| ≥ 0 orders as its int32 bits: the same permutation, by radix sort (0.7 against 2.8 s for 16.8M)
         order = torch.argsort(flat.view(torch.int32), stable=True)
         ranks[order] = torch.arange(flat.numel(), dtype=flat.dtype, device=flat.device)
-        fraction = ranks / max(flat.numel() - 1, 1)  # 0 for the smallest |θ|, 1 for the largest
+        # 0 for the smallest |θ|, 1 for the largest. The divisor is a tensor on θ's device: CUDA computes a
+        # division by a CPU scalar as a product with its reciprocal, up to one float32 ulp off the CPU's quotient
+        # (half of 2^24 ranks), which made a model prepared on a GPU start from other gates than one prepared on
+        # the CPU (tests/core/test_cuda.py)
+        fraction = ranks / ranks.new_tensor(float(max(flat.numel() - 1, 1)))
         scaled = (top - config.gate_init_spread * (1 - fraction)).reshape(theta.shape)
     return scaled * config.gate_temperature

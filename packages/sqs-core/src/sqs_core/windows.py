@@ -23,10 +23,11 @@ NUM_WINDOWS = 4
 
 def _kth(flat: torch.Tensor, q: float, ordered: torch.Tensor | None = None) -> torch.Tensor:
     """The q-quantile by order statistic (torch.quantile refuses tensors above 2**24 elements), read from
-    ``ordered`` (θ's values sorted, any float dtype) when the caller has them."""
+    ``ordered`` (θ's values sorted, any float dtype, on any device: initial_mixtures sorts on the CPU) when the
+    caller has them; the quantile is on ``flat``'s device either way."""
     k = min(flat.numel(), max(1, round(q * (flat.numel() - 1)) + 1))
     if ordered is not None:  # rounding to float32 keeps the order, so this is flat.kthvalue(k) exactly
-        return ordered[k - 1].to(flat.dtype)
+        return ordered[k - 1].to(device=flat.device, dtype=flat.dtype)
     return flat.kthvalue(k).values
 
 
