@@ -23,7 +23,8 @@ as training moves the means, and the step's cost with it.
 after it. On the CPU, peak RSS depends on the allocator: the JSON records ``LD_PRELOAD`` and ``GLIBC_TUNABLES``,
 which every case inherits (docs/method.md, "The loop order and the allocator"). ``--device cuda`` runs every case on a GPU, with
 the steps' peak of allocated CUDA memory (torch.cuda.max_memory_allocated, prepare_'s K-means reported apart)
-in place of peak RSS; not yet run on a GPU by us (no GPU was lent so far).
+in place of peak RSS (the steps' host VmHWM ratio is then ``steps_host_rss_ratio``); first run on an H200 in
+session 30 (docs/step-benchmarks.md; gpu_checks.sh runs it with the CUDA tests).
 bench_step_paired.py times the same steps interleaved in one process (ratios free of the drift between
 processes; no peak memory). The models and loops: _step_models.py.
 Usage: python bench_step.py [--quick] [--warm-cache] [--rounds N] [--steps N] [--only KIND:BATCH ...]
@@ -151,7 +152,9 @@ def _row(kind, batch, k, best):
             row["time_ratio" + suffix] = best[mode]["step_s"] / plain["step_s"]
             row["peak_memory_ratio" + suffix] = best[mode]["peak_max_mib"] / plain["peak_max_mib"]
             if best[mode]["steps_peak_max_mib"] is not None and plain["steps_peak_max_mib"] is not None:
-                row["steps_peak_memory_ratio" + suffix] = best[mode]["steps_peak_max_mib"] / plain["steps_peak_max_mib"]
+                # on a GPU the peak above is CUDA memory; the steps' VmHWM is then the host's, named as such
+                key = "steps_host_rss_ratio" if "peak_allocated_mib" in plain else "steps_peak_memory_ratio"
+                row[key + suffix] = best[mode]["steps_peak_max_mib"] / plain["steps_peak_max_mib"]
             if plain["late_step_s"] is not None:
                 row["late_time_ratio" + suffix] = best[mode]["late_step_s"] / plain["late_step_s"]
     return row
@@ -166,6 +169,8 @@ def _summary(row):
             late = f", late x{row['late_time_ratio' + suffix]:.2f}" if "late_time_ratio" + suffix in row else ""
             if "steps_peak_memory_ratio" + suffix in row:
                 late += f", steps 2+ peak x{row['steps_peak_memory_ratio' + suffix]:.2f}"
+            elif "steps_host_rss_ratio" + suffix in row:
+                late += f", steps 2+ host RSS x{row['steps_host_rss_ratio' + suffix]:.2f}"
             parts.append(
                 f"{mode} {r['step_s']:.3f}s (x{row['time_ratio' + suffix]:.2f}{late}, first {r['first_step_s']:.1f}s, "
                 f"peak x{row['peak_memory_ratio' + suffix]:.2f}, certified {r['certified_fraction']:.4f})"

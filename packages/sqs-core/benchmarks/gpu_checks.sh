@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, as one script for a lent GPU machine (never CI: CI has no GPU).
+# 1. tests/core/test_cuda.py (training, inference and the artifact on CUDA against the CPU);
+# 2. bench_step.py --device cuda, one case per process group (a case killed by its timeout loses only itself);
+# 3. a torch.profiler table of the eager SQS step of the 4096² Linear, K = 64, 2,048 tokens.
+# Run from the repository root with a python3 that holds a CUDA torch, pytest and hypothesis; sqs-core is taken
+# from the source tree (PYTHONPATH), not installed. Results go to $OUT (default out/gpu, ignored by git).
+set -u
+mkdir -p "${OUT:-out/gpu}"
+OUT=$(cd "${OUT:-out/gpu}" && pwd)  # absolute: the benchmarks run from their own folder
+ROOT=$PWD
+export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT/packages/sqs-core/src" HYPOTHESIS_PROFILE=ci
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -c 'import torch, sqs_core; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), sqs_core.__file__)' \
+    | tee -a "$OUT/gpu.txt"
+timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider --durations=10 tests/core/test_cuda.py 2>&1 \
+    | tee "$OUT/test_cuda.log"
+cd packages/sqs-core/benchmarks || exit 1
+for spec in ${CASES:-linear4096:2048:220 resnet20:128:100 linear4096:8192:100}; do  # KIND:BATCH:TIMEOUT
+    case=${spec%:*}
+    timeout "${spec##*:}" python3 bench_step.py --device cuda --only "$case" --steps 30 --rounds 1 --warm-cache --modes ${MODES:-plain sqs sqs-compiled} \
+        --out "$OUT/step_bench_cuda_${case/:/_}.json" 2>&1 | tee -a "$OUT/bench.log"
+done
+timeout "${PROFILE_TIMEOUT:-90}" python3 - "$OUT/profile_sqs_2048.txt" <<'PY' 2>&1 | tail -5
+import sys, torch
+from _step_models import build, training
+model, x, loss_fn = build("linear4096", 2048, torch.device("cuda"))
+opt, loss_of = training(model, loss_fn, "sqs", 64)
+def step():
+    loss = loss_of(model(x)); opt.zero_grad(); loss.backward(); opt.step()
+for _ in range(3):
+    step()
+torch.cuda.synchronize()
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+open(sys.argv[1], "w").write(table + "\n\n" + prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
+print("profile written")
+PY
