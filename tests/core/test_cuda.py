@@ -114,3 +114,46 @@ def test_a_cuda_generator_draws_alike_from_the_model_and_its_file(tmp_path):
     )
     for name, layer in sqs.sqs_layers(gpu).items():
         torch.testing.assert_close(loaded.get_submodule(name).weight, layer.weight, rtol=0, atol=0, msg=name)
+
+
+def _scheduled_run(device, steps=6):
+    """The README's loop on ``device``: both schedules (global cubic pruning to 50%, τ' halved at half the
+    steps), then greedy_ and sample_ at nonzero=0.5, global and per layer; the masks and weights on the CPU."""
+    model = _prepared(False, device, device.type == "cuda")
+    x, y = _data(device)
+    objective = sqs.Objective(model, num_data=1000)
+    opt = torch.optim.AdamW(sqs.param_groups(model, other_lr=1e-3))
+    pruning = sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=steps)
+    temperature = sqs.GateTemperatureSchedule(model, total_steps=steps)
+    for step in range(steps):
+        pruning.step(step)
+        temperature.step(step)
+        opt.zero_grad()
+        objective(F.cross_entropy(model(x), y)).backward()
+        opt.step()
+    masks = {name: p.mask.cpu() for name, p in sqs.posteriors(model).items()}
+    weights = {}
+    for per_layer in (False, True):
+        greedy = sqs.greedy_(copy.deepcopy(model), nonzero=0.5, per_layer=per_layer)
+        sampled = sqs.sample_(
+            copy.deepcopy(model), nonzero=0.5, per_layer=per_layer, generator=torch.Generator().manual_seed(4)
+        )
+        for label, net in (("greedy", greedy), ("sample", sampled)):
+            for name in masks:
+                weights[(label, per_layer, name)] = net.get_submodule(name).weight.detach().cpu()
+    return masks, weights
+
+
+def test_the_schedules_and_pruned_inference_match_the_cpu():
+    """PruningSchedule and GateTemperatureSchedule on a model prepared on the GPU, then greedy_ and sample_ with
+    nonzero (global and per layer): the same hard masks as on the CPU, and the same weights to float64
+    summation-order error (a pruned weight is exactly 0 on both)."""
+    cpu_masks, cpu_weights = _scheduled_run(torch.device("cpu"))
+    gpu_masks, gpu_weights = _scheduled_run(CUDA)
+    assert gpu_masks.keys() == cpu_masks.keys()
+    for name, mask in cpu_masks.items():
+        assert torch.equal(gpu_masks[name], mask), name
+        assert 0 < int(mask.sum()) < mask.numel(), name  # the schedule pruned some gates, not all
+    for key, weight in cpu_weights.items():
+        torch.testing.assert_close(gpu_weights[key], weight, rtol=1e-9, atol=1e-12, msg=str(key))
+        assert torch.equal(gpu_weights[key] == 0, weight == 0), str(key)

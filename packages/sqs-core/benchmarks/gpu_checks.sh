@@ -5,6 +5,8 @@
 # 3. a torch.profiler table of the eager SQS step of the 4096² Linear, K = 64, 2,048 tokens.
 # Run from the repository root with a python3 that holds a CUDA torch, pytest and hypothesis; sqs-core is taken
 # from the source tree (PYTHONPATH), not installed. Results go to $OUT (default out/gpu, ignored by git).
+# With the defaults it ends within ~9.5 minutes (each part has its own timeout); on the lent H200 a machine's start
+# took 30 s once and 280 s once, against a 15-minute device budget: call it once, `run` with timeout_s=590.
 set -u
 mkdir -p "${OUT:-out/gpu}"
 OUT=$(cd "${OUT:-out/gpu}" && pwd)  # absolute: the benchmarks run from their own folder
@@ -16,12 +18,19 @@ python3 -c 'import torch, sqs_core; print(torch.__version__, torch.version.cuda,
 timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider --durations=10 tests/core/test_cuda.py 2>&1 \
     | tee "$OUT/test_cuda.log"
 cd packages/sqs-core/benchmarks || exit 1
-for spec in ${CASES:-linear4096:2048:220 resnet20:128:100 linear4096:8192:100}; do  # KIND:BATCH:TIMEOUT
+# KIND:BATCH:TIMEOUT; eager cases first (~35 s each on the H200), then the compiled mode alone: its first
+# process compiles the kernels (the float64 ones of test_cuda.py took 130-150 s there)
+for spec in ${CASES:-linear4096:2048:60 resnet20:128:45 linear4096:8192:60}; do
     case=${spec%:*}
-    timeout "${spec##*:}" python3 bench_step.py --device cuda --only "$case" --steps 30 --rounds 1 --warm-cache --modes ${MODES:-plain sqs sqs-compiled} \
-        --out "$OUT/step_bench_cuda_${case/:/_}.json" 2>&1 | tee -a "$OUT/bench.log"
+    timeout "${spec##*:}" python3 bench_step.py --device cuda --only "$case" --steps 30 --rounds 1 --warm-cache \
+        --modes ${MODES:-plain sqs} --out "$OUT/step_bench_cuda_${case/:/_}.json" 2>&1 | tee -a "$OUT/bench.log"
 done
-timeout "${PROFILE_TIMEOUT:-90}" python3 - "$OUT/profile_sqs_2048.txt" <<'PY' 2>&1 | tail -5
+for spec in ${COMPILED_CASES:-linear4096:2048:170}; do
+    case=${spec%:*}
+    timeout "${spec##*:}" python3 bench_step.py --device cuda --only "$case" --steps 20 --rounds 1 --warm-cache \
+        --modes sqs-compiled --out "$OUT/step_bench_cuda_compiled_${case/:/_}.json" 2>&1 | tee -a "$OUT/bench.log"
+done
+timeout "${PROFILE_TIMEOUT:-45}" python3 - "$OUT/profile_sqs_2048.txt" <<'PY' 2>&1 | tail -5
 import sys, torch
 from _step_models import build, training
 model, x, loss_fn = build("linear4096", 2048, torch.device("cuda"))
