@@ -1,7 +1,9 @@
 """The library on a CUDA device against the same model on the CPU (skipped where torch sees no GPU).
 
-CI has no GPU; these run wherever one is present (the developers' lent H100). float64 throughout, so the
-two devices may differ only by the order of floating-point sums.
+CI has no GPU; these run wherever one is present (packages/sqs-core/benchmarks/gpu_checks.sh on a lent GPU
+machine). float64 throughout, so the two devices may differ only by the order of floating-point sums.
+First run in session 30 on an H200 (docs/results/test_cuda_h200_s30*.log), which found the two device bugs of
+prepare_ that the prepared-on-gpu cases catch; the schedules test was added after that run.
 """
 
 import copy
