@@ -3,9 +3,18 @@
 import math
 
 import torch
+import torch.nn.functional as F
 from hypothesis import example, given
 from hypothesis import strategies as st
-from sqs_core.mixture import bernoulli_kl, component_log_density, gaussian_kl, log_responsibilities
+from sqs_core.mixture import (
+    PAPER_CLAMP,
+    _paper_first_stage,
+    bernoulli_kl,
+    component_log_density,
+    exp_floor,
+    gaussian_kl,
+    log_responsibilities,
+)
 from strategies import components, finite_floats, log_stds, probabilities, stds
 
 
@@ -114,3 +123,37 @@ def test_paper_formula_is_uniform_far_from_every_component():
     q = component_log_density(torch.tensor([3.0], dtype=torch.float64), means, log_s, log_mix)
     assert torch.allclose(log_responsibilities(q, "paper", 5e-4).exp(), torch.full((1, 2), 0.5, dtype=torch.float64))
     assert log_responsibilities(q, "standard", 5e-4).exp()[0, 1] > 0.999
+
+
+# rows of q = log π_k N_k with values in each regime of the paper's first stage: π N subnormal or 0 (below
+# exp_floor), just above it, tiny row maxima, order one, and clamped at 80
+_Q_VALUES = st.one_of(
+    st.floats(-2000, -87.4),
+    st.floats(-110, -60),
+    st.floats(-86.5, -86.2),
+    st.floats(-30, 85),
+    st.sampled_from([-1e30, -745.2, -708.0, -103.98, 0.0, 80.0]),
+)
+
+
+def _unfloored_first_stage(q):
+    """The paper's first stage as it was before the exp floor: softmax_k(exp(min(q_k, 80)))."""
+    return torch.softmax(torch.exp(q.clamp(max=PAPER_CLAMP)), dim=-1)
+
+
+@given(rows=st.lists(st.lists(_Q_VALUES, min_size=6, max_size=6), min_size=1, max_size=12), f64=st.booleans())
+@example(rows=[[-90.0] * 6, [-86.0, -95.0, -2000.0, -100.0, -88.0, -87.0]], f64=False)  # every π N tiny
+def test_the_exp_floor_keeps_every_bit_of_the_paper_responsibilities(rows, f64):
+    """q raised to exp_floor before π N = e^q (torch's eager CPU exp is slow below it) leaves φ' and log φ
+    bit for bit as they were, in float32 and float64, and ∂/∂q within 3.2e-38 of a unit cotangent."""
+    dtype = torch.float64 if f64 else torch.float32
+    q = torch.tensor(rows, dtype=dtype)
+    if f64:  # float64's floor is log(2.2e-308) + 1 = −707.4: move the rows' regimes there
+        q = torch.where(q < -60, q * (707.4 / 86.34), q)
+    assert torch.equal(_paper_first_stage(q), _unfloored_first_stage(q))
+    assert torch.equal(log_responsibilities(q, "paper", 5e-4), F.log_softmax(_unfloored_first_stage(q) / 5e-4, -1))
+    leaf = q.clone().requires_grad_()
+    cotangent = torch.randn(q.shape, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    (ours,) = torch.autograd.grad((_paper_first_stage(leaf) * cotangent).sum(), leaf)
+    (theirs,) = torch.autograd.grad((_unfloored_first_stage(leaf) * cotangent).sum(), leaf)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=4 * math.exp(exp_floor(dtype)))

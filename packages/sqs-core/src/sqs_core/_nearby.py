@@ -32,13 +32,12 @@ once per backward, by hand, in float64.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from ._index_add import index_add_all
-from .mixture import HALF_LOG_2PI, PAPER_CLAMP
+from .mixture import HALF_LOG_2PI, PAPER_CLAMP, exp_floor
 
 __all__ = [
     "NearbyTables",
@@ -49,22 +48,6 @@ __all__ = [
     "nearby_tables",
     "nearby_vjp",
 ]
-
-
-def exp_floor(dtype: torch.dtype) -> float:
-    """1 + log of ``dtype``'s smallest normal number (−86.34 in float32; at the log itself e^x rounds to a
-    subnormal): the nearby evaluation raises every exp argument below it to it, so such an e^x is 3.2e-38
-    where it was smaller (a subnormal or 0 below 1.2e-38).
-    - π N = e^q: its e^{π N} is exactly 1 either way, and the backward takes ∂π N/∂q as 0 where q was
-      raised (as it is where q is clamped at 80), since z, which multiplies it, is huge exactly there.
-    - The softmaxes' terms: each one is summed beside its row's largest, e^0 = 1 (both subtract their
-      maximum). The moments move by at most ~3e-38 of a μ, and the gradient terms a raised term scales
-      stay ~3e-38 of its row's largest.
-
-    Torch's eager CPU exp takes a slow path for such arguments, and for those above log of the largest
-    float: on session 29's Intel Xeon, 11 ms against 0.06 ms per 2^19 of them on 2 threads. The late 4096²
-    step's nearby blocks hold many: far components, and rows whose largest π N is large."""
-    return math.log(torch.finfo(dtype).tiny) + 1.0
 
 
 def nearby_tables(means, log_stds, log_mix):
