@@ -3,7 +3,7 @@
 CI has no GPU; these run wherever one is present (packages/sqs-core/benchmarks/gpu_checks.sh on a lent GPU
 machine). float64 throughout, so the two devices may differ only by the order of floating-point sums.
 First run in session 30 on an H200 (docs/results/test_cuda_h200_s30*.log), which found the two device bugs of
-prepare_ that the prepared-on-gpu cases catch; the schedules test was added after that run.
+prepare_ that the prepared-on-gpu cases catch; the schedules and moment-matched tests were added after it.
 """
 
 import copy
@@ -159,3 +159,25 @@ def test_the_schedules_and_pruned_inference_match_the_cpu():
     for key, weight in cpu_weights.items():
         torch.testing.assert_close(gpu_weights[key], weight, rtol=1e-9, atol=1e-12, msg=str(key))
         assert torch.equal(gpu_weights[key] == 0, weight == 0), str(key)
+
+
+def test_the_moment_matched_variance_and_its_gradients_match_the_cpu():
+    """θ^avg and Var_q (the moment-matched likelihood's second moment, eager) of each posterior, and the
+    gradients of a weighted sum of both, on the GPU (prepared there) and on the CPU."""
+    results = []
+    for device in (torch.device("cpu"), CUDA):
+        model = _prepared(False, device, device.type == "cuda")
+        out = {}
+        for name, p in sqs.posteriors(model).items():
+            mean, var = p.moments(second=True)
+            weights = torch.randn(mean.shape, generator=torch.Generator().manual_seed(2), dtype=mean.dtype)
+            loss = (mean * weights.to(device)).sum() + var.sum()
+            params = [p.means, p.log_stds, p.mixing_logits, p.gate_logits]
+            grads = torch.autograd.grad(loss, params)
+            out[name] = [t.detach().cpu() for t in (mean, var, *grads)]
+        results.append(out)
+    cpu, gpu = results
+    assert gpu.keys() == cpu.keys()
+    for name, tensors in cpu.items():
+        for i, (want, got) in enumerate(zip(tensors, gpu[name], strict=True)):
+            torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-12, msg=f"{name}[{i}]")
