@@ -51,12 +51,15 @@ def _prepared(compiled, device, prepare_on_device):
     return model.to(device)
 
 
-def _train(model, device, steps):
-    """``steps`` AdamW steps of the SQS objective; the last step's loss and gradients (on the CPU)."""
+def _train(model, device, steps, schedules=()):
+    """``steps`` AdamW steps of the SQS objective, each ``schedules``' ``step(i)`` first; the last step's loss
+    and gradients (on the CPU)."""
     x, y = _data(device)
     objective = sqs.Objective(model, num_data=1000)
     opt = torch.optim.AdamW(sqs.param_groups(model, other_lr=1e-3))
-    for _ in range(steps):
+    for step in range(steps):
+        for schedule in schedules:
+            schedule.step(step)
         opt.zero_grad()
         loss = objective(F.cross_entropy(model(x), y))
         loss.backward()
@@ -122,17 +125,8 @@ def _scheduled_run(device, steps=6):
     """The README's loop on ``device``: both schedules (global cubic pruning to 50%, τ' halved at half the
     steps), then greedy_ and sample_ at nonzero=0.5, global and per layer; the masks and weights on the CPU."""
     model = _prepared(False, device, device.type == "cuda")
-    x, y = _data(device)
-    objective = sqs.Objective(model, num_data=1000)
-    opt = torch.optim.AdamW(sqs.param_groups(model, other_lr=1e-3))
     pruning = sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=steps)
-    temperature = sqs.GateTemperatureSchedule(model, total_steps=steps)
-    for step in range(steps):
-        pruning.step(step)
-        temperature.step(step)
-        opt.zero_grad()
-        objective(F.cross_entropy(model(x), y)).backward()
-        opt.step()
+    _train(model, device, steps, schedules=(pruning, sqs.GateTemperatureSchedule(model, total_steps=steps)))
     masks = {name: p.mask.cpu() for name, p in sqs.posteriors(model).items()}
     weights = {}
     for per_layer in (False, True):
