@@ -2,9 +2,9 @@
 
 Kernel bodies, each compiled once (``KERNELS``, counted into ``_fused.KERNELS``; a graph per width in
 onehot.NEARBY_WIDTHS where they unroll a loop over components): the full (K, n) evaluation; the evaluation
-on a bin's nearby components with the loop over components unrolled; the forward of a block of weights in
-lumpable bins, which gathers its own inputs; backward's input gathering and its ``torch.func.vjp``
-recomputation. And the per-block glue FusedPosteriorMoments calls: ``nearby_block`` and
+on a bin's nearby components with the loop over components unrolled (sqs_core._fused_nearby); the forward
+of a block of weights in lumpable bins, which gathers its own inputs; backward's input gathering and its
+recomputation with the hand-derived gradient. And the per-block glue FusedPosteriorMoments calls: ``nearby_block`` and
 ``full_block`` in forward, ``block_gradients`` in backward (``unpack_blocks`` rebuilds the blocks from the
 saved tensors); ``bin_scalars``, the bin table's floats as inputs of onehot.bin_of in a kernel.
 """
@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
+from ._fused_nearby import nearby_rows, nearby_rows_vjp
 from ._nearby import NearbyTables
 from .chunked import _flat_index, _gate_probs, _variance, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
@@ -40,53 +41,6 @@ def _full_columns(th, mu, log_std, log_mix, temperature, kind, second):
     return (phi * mu).sum(0), s, q.argmax(0)
 
 
-def _nearby_columns(th, mu, inv_std, const, total_mu, total_sq, lumped_count, temperature):
-    """:func:`_nearby_rows` on gathered (width, n) columns: the recomputation in backward (:func:`_nearby_vjp`),
-    whose column gradients the caller sums into the (W, K) tables."""
-    return _nearby_rows(
-        th, mu.unbind(0), inv_std.unbind(0), const.unbind(0), total_mu, total_sq, lumped_count, temperature
-    )
-
-
-def _nearby_rows(th, mu, inv_std, const, total_mu, total_sq, lumped_count, temperature):
-    """chunked._nearby_moments on width rows (n,) each of μ_c, 1/σ_c and ``const`` = log π_c − log σ_c − ½ log 2π:
-    φ_c of the nearby components and one φ_l shared by the L = ``lumped_count`` lumped ones; ``total_mu``,
-    ``total_sq``: Σ_k μ_k, Σ_k (μ_k² + σ_k²) of each weight's window (``total_sq`` None: no s). Each stage's
-    exponentials are taken once and normalised by their sum (26 per weight; the log-sum-exps of the eager code
-    take them again), and the loop over c is unrolled, so that inductor emits one loop over the weights with
-    no reduction in it. Returns (m, s or None, argmax_c log π_c N_c)."""
-    q = [c - 0.5 * ((th - m) * i) ** 2 for m, i, c in zip(mu, inv_std, const, strict=True)]  # log π_c N_c
-    a = [torch.exp(x.clamp(max=PAPER_CLAMP)) for x in q]
-    top = _fold(torch.maximum, a).clamp(min=0.0)  # π N, the first stage's inputs; the lumped ones have 0
-    e, e_l = [torch.exp(x - top) for x in a], torch.exp(-top)
-    scale = 1.0 / ((_fold(torch.add, e) + e_l * lumped_count) * temperature)
-    stage2, stage2_l = [x * scale for x in e], e_l * scale  # φ'/τ
-    top2 = torch.maximum(_fold(torch.maximum, stage2), stage2_l)
-    f, f_l = [torch.exp(x - top2) for x in stage2], torch.exp(stage2_l - top2)
-    norm = 1.0 / (_fold(torch.add, f) + f_l * lumped_count)
-    phi, phi_l = [x * norm for x in f], f_l * norm
-    m = _fold(torch.add, [p * x for p, x in zip(phi, mu, strict=True)]) + phi_l * (total_mu - _fold(torch.add, mu))
-    s = None
-    if total_sq is not None:
-        level_sq = [x * x + 1.0 / (i * i) for x, i in zip(mu, inv_std, strict=True)]
-        s = _fold(torch.add, [p * x for p, x in zip(phi, level_sq, strict=True)]) + phi_l * (
-            total_sq - _fold(torch.add, level_sq)
-        )
-    best, top_q = torch.zeros_like(th, dtype=torch.int32), q[0]
-    for c in range(1, len(q)):  # argmax_c log π_c N_c (nearby._evaluate's k*), the first of ties as torch.argmax
-        better = q[c] > top_q
-        best, top_q = torch.where(better, c, best), torch.where(better, q[c], top_q)
-    return m, s, best
-
-
-def _fold(op, rows):
-    """op(...op(op(rows[0], rows[1]), rows[2])...): a reduction over an unrolled list of rows."""
-    out = rows[0]
-    for row in rows[1:]:
-        out = op(out, row)
-    return out
-
-
 def bin_scalars(table, dtype):
     """The BinTable's ``low`` and ``inv_width`` as kernel inputs (onehot.bin_of) in the weights' ``dtype``, as
     onehot.bin_index computes (float64 ones would make inductor convert every θ), at least float32 (B / range
@@ -108,14 +62,14 @@ def _nearby_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tabl
     flat = [table[:, c][bins] for c in range(table.shape[1])]
     mu, inv_std, const = ([t[i] for i in flat] for t in tables)
     total_sq = None if totals[1] is None else totals[1][wid]
-    m, s, pos = _nearby_rows(th, mu, inv_std, const, totals[0][wid], total_sq, lumped, temperature)
+    m, s, pos = nearby_rows(th, mu, inv_std, const, totals[0][wid], total_sq, lumped, temperature)  # float64 m, s
     best = flat[0]
     for c in range(1, len(flat)):
         best = torch.where(pos == c, flat[c], best)
     lam = _gate_probs(gate_logits[u], mask[u], tau)[2]
-    var = None if s is None else _variance(lam, m, s, spike_var)
+    var = None if s is None else _variance(lam.double(), m, s, spike_var).to(th.dtype)
     correction = None if kl_table is None else _kl_correction(kl_table, best, _flat_index(wid, kstar[u], k), lam)
-    return lam * m, var, (best - wid * k).to(torch.uint8), correction, bins
+    return (lam * m).to(th.dtype), var, (best - wid * k).to(torch.uint8), correction, bins
 
 
 def _kl_correction(kl_table, flat, flat_before, lam):
@@ -139,31 +93,21 @@ def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars):
     """Backward of uncovered weights in one kernel: their (width, n) columns of the flat (W·K,) ``tables``
     (μ, 1/σ, log π − log σ − ½ log 2π) at the component indices ``flat`` and their windows' ``totals``
     (Σ_k μ_k, Σ_k (μ_k² + σ_k²) or None) gathered inside it (no column is written out), θ^avg (and Var)
-    recomputed and differentiated by ``torch.func.vjp`` with cotangents ∂L/∂θ^avg·λ̃ − 2 ∂L/∂Var·λ̃² m and
-    ∂L/∂Var·λ̃ (Var = λ̃ s − (λ̃ m)² + ...), so no intermediate leaves the kernel (AOTAutograd would store
-    them between its forward and backward graphs). Returns (the moments' part of ∂/∂s̃, ∂/∂θ, ∂/∂ of the
-    μ, 1/σ and log π − log σ − ½ log 2π columns, of Σ_k μ_k and, with Var (``gv``), of Σ_k (μ_k² + σ_k²));
+    recomputed and pulled back by hand (sqs_core._fused_nearby.nearby_rows_vjp) with ∂L/∂θ^avg = ``gm`` and
+    ∂L/∂Var = ``gv`` (None: Var unused). Returns (the moments' part of ∂/∂s̃, ∂/∂θ, ∂/∂ of the μ, 1/σ and
+    log π − log σ − ½ log 2π columns (width, n) float64, of Σ_k μ_k and, with Var, of Σ_k (μ_k² + σ_k²));
     the caller sums the column gradients into the (W, K) parameters, deterministically."""
     lumped, temperature, tau, spike_var = scalars
-    mu, inv_std, const = (t[flat] for t in tables)
-    total_mu, total_sq = totals[0][wid], (None if gv is None else totals[1][wid])
-    if gv is None:
-
-        def mean_of(th, mu, inv_std, const, total_mu):
-            return _nearby_columns(th, mu, inv_std, const, total_mu, None, lumped, temperature)[0]
-
-        m, pullback = torch.func.vjp(mean_of, th, mu, inv_std, const, total_mu)[:2]
-        grads = pullback(gm * lam)
-        dlam = gm * m
-    else:
-
-        def moments_of(th, mu, inv_std, const, total_mu, total_sq):
-            return _nearby_columns(th, mu, inv_std, const, total_mu, total_sq, lumped, temperature)[:2]
-
-        (m, s), pullback = torch.func.vjp(moments_of, th, mu, inv_std, const, total_mu, total_sq)[:2]
-        grads = pullback((gm * lam - 2 * gv * lam * lam * m, gv * lam))
-        dlam = gm * m + gv * (s - 2 * lam * m * m - spike_var)
-    return dlam * lam * (1 - lam_raw) / tau, grads[0], *(g.double() for g in grads[1:])
+    mu, inv_std, const = ([t[i] for i in flat.unbind(0)] for t in tables)  # the (width, n) index as width rows
+    total_sq = None if gv is None else totals[1][wid]
+    columns = (th, mu, inv_std, const, (totals[0][wid], total_sq), lumped, temperature)
+    m, s, g_th, g_mu, g_inv, g_const, total_grads = nearby_rows_vjp(*columns, (gm, gv, lam))
+    lam64 = lam.double()
+    dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam64 * m * m - spike_var)
+    g_gate = (dlam * lam64 * (1 - lam_raw) / tau).to(th.dtype)
+    # ∂/∂θ below θ's smallest normal number is 0: rounding it to a subnormal costs a microcode assist per vector
+    g_th = torch.where(g_th.abs() < torch.finfo(th.dtype).tiny, 0.0, g_th).to(th.dtype)
+    return g_gate, g_th, *(torch.stack(g) for g in (g_mu, g_inv, g_const)), *total_grads
 
 
 KERNELS = {fn.__name__: _Kernel(fn) for fn in (_full_columns, _nearby_forward, _nearby_inputs, _nearby_vjp)}

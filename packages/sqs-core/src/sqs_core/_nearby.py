@@ -22,12 +22,12 @@ same formula this takes 2.6× less time on the uncovered weights of a trained 40
 evaluation where autograd's log-sum-exp chain was 4.5%. ``tests/core/test_onehot.py`` checks values and
 gradients against autograd on the full K-component formula at every width.
 
-The compiled path evaluates the same formula with the loop over c unrolled (sqs_core._fused_uncovered.
-_nearby_rows: inductor then emits one loop over the weights) and differentiates it with torch.func.vjp
-inside its kernel; unrolled, eager torch would make width times as many calls. Both paths gather from the
-same tables (μ, 1/σ and log π − log σ − ½ log 2π per component, each window's Σ μ and Σ (μ² + σ²)), and
-both sum their column gradients into :class:`TableGradients`, which takes them to (μ, log σ, mixing logits)
-once per backward, by hand, in float64.
+The compiled path evaluates the same formula and gradient with the loop over c unrolled
+(sqs_core._fused_nearby: inductor then emits one loop over the weights), with φ, the moments and the
+gradient products in float64 (no subnormals); unrolled, eager torch would make width times as many calls.
+Both paths gather from the same tables (μ, 1/σ and log π − log σ − ½ log 2π per component, each window's
+Σ μ and Σ (μ² + σ²)), and both sum their column gradients into :class:`TableGradients`, which takes them to
+(μ, log σ, mixing logits) once per backward, by hand, in float64.
 """
 
 from __future__ import annotations
