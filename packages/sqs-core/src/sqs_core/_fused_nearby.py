@@ -10,9 +10,10 @@ gradient, which this module follows step for step (with its exp floor: every exp
 product are formed in float64. In float32 they went subnormal for a few percent of a trained layer's
 (weight, component) pairs (φ ~ 1e-40 of a far component times a mean, times a gradient), and on x86 CPUs
 every arithmetic instruction that reads or writes a subnormal takes a microcode assist unless FTZ/DAZ are
-set, which PyTorch leaves off: on the 4096² layer's step-50 state (Intel Xeon, 2 threads) the backward kernels
-took 156–159 ms in float32 and 62–64 ms with this split. No float64 product here comes near float64's
-subnormal range, and the results are the more accurate for it.
+set, which PyTorch leaves off. On the uncovered weights of the 4096² layer's step-50 state (2.45M, Intel Xeon,
+2 threads) one backward's kernels took 156–159 ms as torch.func.vjp of the float32 forward (session 30's code),
+109–114 ms with this gradient in float32 and 62–64 ms with this split (docs/step-benchmarks.md, "Session 31").
+No float64 product here comes near float64's subnormal range, and the results are the more accurate for it.
 """
 
 from __future__ import annotations
