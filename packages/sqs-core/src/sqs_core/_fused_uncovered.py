@@ -4,9 +4,10 @@ Kernel bodies, each compiled once (``KERNELS``, counted into ``_fused.KERNELS``;
 onehot.NEARBY_WIDTHS where they unroll a loop over components): the full (K, n) evaluation; the evaluation
 on a bin's nearby components with the loop over components unrolled (sqs_core._fused_nearby); the forward
 of a block of weights in lumpable bins, which gathers its own inputs; backward's input gathering and its
-recomputation with the hand-derived gradient. And the per-block glue FusedPosteriorMoments calls: ``nearby_block`` and
-``full_block`` in forward, ``block_gradients`` in backward (``unpack_blocks`` rebuilds the blocks from the
-saved tensors); ``bin_scalars``, the bin table's floats as inputs of onehot.bin_of in a kernel.
+recomputation with the hand-derived gradient. And the per-block glue FusedPosteriorMoments calls:
+``nearby_block`` and ``full_block`` in forward, ``block_gradients`` in backward (``unpack_blocks`` rebuilds
+the blocks from the saved tensors); ``bin_scalars``, the bin table's floats as inputs of onehot.bin_of in a
+kernel.
 """
 
 from __future__ import annotations
