@@ -34,6 +34,7 @@ def _fold(op, rows):
 
 
 def _total(rows):
+    """Σ over an unrolled list of rows."""
     return _fold(torch.add, rows)
 
 
