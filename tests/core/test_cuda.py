@@ -175,3 +175,20 @@ def test_the_moment_matched_variance_and_its_gradients_match_the_cpu():
     for name, tensors in cpu.items():
         for i, (want, got) in enumerate(zip(tensors, gpu[name], strict=True)):
             torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-12, msg=f"{name}[{i}]")
+
+
+def test_long_gradient_sums_match_the_cpu():
+    """sqs_core._index_add on the GPU: a long float64 job is summed in rows (fewer atomic adds per address) and
+    gives index_add_'s sums on the CPU to float64 summation-order error."""
+    from sqs_core._index_add import index_add_all, row_count
+
+    g = torch.Generator().manual_seed(3)
+    n, entries = (1 << 20) + 17, 128
+    index = torch.randint(0, entries, (n,), generator=g)
+    source = torch.randn(n, generator=g, dtype=torch.float64)
+    want = torch.zeros(entries, dtype=torch.float64).index_add_(0, index, source)
+    assert row_count("cuda", entries, n) > 1
+    got = torch.zeros(entries, dtype=torch.float64, device=CUDA)
+    index_add_all([(got, index.to(CUDA), source.to(CUDA))])
+    bound = torch.zeros(entries, dtype=torch.float64).index_add_(0, index, source.abs())
+    assert bool(((got.cpu() - want).abs() <= 4 * n * torch.finfo(torch.float64).eps * bound).all())

@@ -1,12 +1,23 @@
-"""sqs_core._index_add: the sums of index_add_ in a fixed order (ROWS parts of a long job, then the rest), the
-same bits with any number of threads, and within float rounding of index_add_'s serial sums."""
+"""sqs_core._index_add: the sums of index_add_ in a fixed order on the CPU (ROWS parts of a long job, then the
+rest), the same bits with any number of threads, and within float rounding of index_add_'s serial sums; the
+accelerator's split (many rows, summed by sum(0)) in its arithmetic, run here on the CPU (tests/core/test_cuda.py
+runs it on a GPU)."""
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from sqs_core import _index_add
-from sqs_core._index_add import MIN_ROW, ROWS, index_add_all
+from sqs_core._index_add import (
+    DEVICE_MIN_ROW,
+    DEVICE_PARTS,
+    DEVICE_ROWS,
+    MIN_ROW,
+    ROWS,
+    index_add_all,
+    row_count,
+    sum_in_rows,
+)
 
 SIZES = [0, 1, 7, 5000, ROWS * MIN_ROW - 1, ROWS * MIN_ROW, ROWS * MIN_ROW + 37, 3 * ROWS * MIN_ROW + 5]
 
@@ -88,3 +99,39 @@ def test_a_long_job_is_summed_in_rows():
 def test_a_bad_index_raises():
     with pytest.raises((IndexError, RuntimeError)):  # index_add_: IndexError; scatter_add_: RuntimeError
         index_add_all([(torch.zeros(4), torch.tensor([9]), torch.ones(1))])
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    rows=st.integers(1, 300),
+    n=st.integers(0, 20_000),
+    size=st.sampled_from([1, 3, 128, 300]),
+)
+def test_the_accelerator_split_sums_as_index_add_within_float64_rounding(seed, rows, n, size):
+    """sum_in_rows as an accelerator runs it (partial sums added by sum(0), the rest by one scatter), here on
+    the CPU: the same sums as index_add_, whatever rows and leftover."""
+    ((acc, index, source),) = _jobs(seed, 1, n, size, torch.float64, torch.int64)
+    want = acc.clone().index_add_(0, index, source)
+    bound = torch.zeros_like(acc).index_add_(0, index, source.abs()) + acc.abs()
+    if n // rows == 0:
+        rows = max(n, 1)
+    sum_in_rows(acc, index, source, rows, in_order=False)
+    assert bool(((acc - want).abs() <= 4 * max(n, 1) * torch.finfo(torch.float64).eps * bound).all())
+
+
+def test_the_row_counts_follow_the_documented_limits():
+    assert row_count("cpu", 128, ROWS * MIN_ROW) == ROWS
+    assert row_count("cpu", 128, ROWS * MIN_ROW - 1) == 0
+    assert row_count("cpu", ROWS * MIN_ROW + 1, ROWS * MIN_ROW) == 0  # more entries than sources per row
+    assert row_count("cuda", 128, 1 << 20) == DEVICE_ROWS
+    assert row_count("cuda", 128, 5 * DEVICE_MIN_ROW + 3) == 5
+    assert row_count("cuda", 128, 2 * DEVICE_MIN_ROW - 1) == 0  # one row: index_add_ itself
+    assert row_count("cuda", DEVICE_PARTS // 3, 1 << 24) == 3  # the partial sums capped at DEVICE_PARTS
+    assert row_count("cuda", DEVICE_PARTS, 1 << 24) == 0
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert row_count("cuda", 128, 1 << 20) == 0  # torch's deterministic index_add_
+        assert row_count("cpu", 128, ROWS * MIN_ROW) == ROWS  # deterministic already
+    finally:
+        torch.use_deterministic_algorithms(before)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, as one script for a lent GPU machine (never CI: CI has no GPU).
 # 1. tests/core/test_cuda.py (training, inference and the artifact on CUDA against the CPU);
+#    then sqs_core._index_add's long sums timed against index_add_ (seconds);
 # 2. bench_step.py --device cuda, one case per process group (a case killed by its timeout loses only itself);
 # 3. a torch.profiler table of the eager SQS step of the 4096² Linear, K = 64, 2,048 tokens.
 # Run from the repository root with a python3 that holds a CUDA torch, pytest and hypothesis; sqs-core is taken
@@ -17,6 +18,26 @@ python3 -c 'import torch, sqs_core; print(torch.__version__, torch.version.cuda,
     | tee -a "$OUT/gpu.txt"
 timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider --durations=10 tests/core/test_cuda.py 2>&1 \
     | tee "$OUT/test_cuda.log"
+timeout "${SUMS_TIMEOUT:-60}" python3 - <<'PY' 2>&1 | tee "$OUT/index_add.txt"
+# sqs_core._index_add's rows against one index_add_ (atomic adds on few addresses), 2^20 float64 sources
+import torch
+from sqs_core._index_add import index_add_all
+def ms(fn, reps=50):
+    fn(); torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record(); torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+for entries in (128, 256, 4096):
+    index = torch.randint(0, entries, (1 << 20,), device="cuda")
+    source = torch.randn(1 << 20, dtype=torch.float64, device="cuda")
+    acc = torch.zeros(entries, dtype=torch.float64, device="cuda")
+    plain = ms(lambda: acc.index_add_(0, index, source))
+    rows = ms(lambda: index_add_all([(acc, index, source)]))
+    print(f"2^20 float64 sources into {entries} entries: index_add_ {plain:.3f} ms, index_add_all {rows:.3f} ms")
+PY
 cd packages/sqs-core/benchmarks || exit 1
 # KIND:BATCH:TIMEOUT; eager cases first (~35 s each on the H200), then the compiled mode alone: its first
 # process compiles the kernels (the float64 ones of test_cuda.py took 130-150 s there)

@@ -1,8 +1,8 @@
-"""Deterministic float64 sums of per-weight gradient terms into the small (W, K) parameters.
+"""float64 sums of per-weight gradient terms into the small (W, K) parameters, deterministic on the CPU.
 
 A training step's backward sums millions of per-weight terms into a few hundred entries, with
-``acc.index_add_(0, index, source)`` semantics. Atomic adds would make the bits depend on scheduling; here
-every sum is taken in an order fixed by the sizes alone, so a step gives the same bits on every run and
+``acc.index_add_(0, index, source)`` semantics. Atomic adds would make the bits depend on scheduling; on the
+CPU every sum is taken in an order fixed by the sizes alone, so a step gives the same bits on every run and
 with any number of threads.
 
 On the CPU a flat accumulator with an int64 index and at least ``ROWS`` × ``MIN_ROW`` sources (and no more
@@ -15,8 +15,19 @@ the index, then sums each entry's sources in their original order) on session 31
 step-50 state) 1.07–1.08 s against 1.13–1.15 s, the eager one 1.96 against 2.07 s (paired runs). Session
 16 had measured the same split on an AMD EPYC and kept the 1-D sums, then run side by side on a worker
 thread, for bit-identity with ``index_add_``; the rows' sums differ from that serial order by float64 rounding
-only. Other jobs (few sources, int32 indices, other devices) run ``index_add_`` (1-D int64 on the CPU:
-``scatter_add_``, the same bits, faster), one after another.
+only.
+
+On an accelerator (CUDA) the same split serves another end: ``index_add_`` there is one atomic add per source,
+and millions of them meet at a few hundred addresses (session 30's H200 profile: 9 of the eager step's 31 ms
+of GPU time, 55 µs per 2^20 float64 sources). A long job is cut into up to ``DEVICE_ROWS`` rows of at least
+``DEVICE_MIN_ROW`` sources, each summed into its own partial accumulator (a few adds per address), the partial
+accumulators summed by ``sum(0)``, then the rest added; at most ``DEVICE_PARTS`` partial sums. Atomic adds
+make the last bits vary between runs there, as ``index_add_``'s do; with
+``torch.use_deterministic_algorithms(True)`` every job runs ``index_add_`` (torch's deterministic one).
+Not yet timed on a GPU (benchmarks/gpu_checks.sh times it against ``index_add_``).
+
+Other jobs (few sources, int32 indices) run ``index_add_`` (1-D int64 on the CPU: ``scatter_add_``, the same
+bits, faster), one after another.
 """
 
 from __future__ import annotations
@@ -25,27 +36,51 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["MIN_ROW", "ROWS", "index_add_all"]
+__all__ = ["DEVICE_MIN_ROW", "DEVICE_PARTS", "DEVICE_ROWS", "MIN_ROW", "ROWS", "index_add_all"]
 
 ROWS = 16  # parts of a long sum: a constant, so that the bits do not depend on the number of threads
 MIN_ROW = 4096  # sources per part below which a job is summed in one piece
+DEVICE_ROWS = 1024  # on an accelerator: at most this many parts, so that few atomic adds meet at one address
+DEVICE_MIN_ROW = 1024  # sources per part, at least, on an accelerator
+DEVICE_PARTS = 1 << 21  # partial sums (rows × entries) at most on an accelerator: 16 MiB of float64
 
 
 def index_add_all(jobs: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
     """``acc.index_add_(0, index, source)`` for every ``(acc, index, source)``, in turn, each in the fixed
     order of the module docstring (float64 rounding apart, the same sums)."""
     for acc, index, source in jobs:
-        if acc.device.type != "cpu" or acc.dim() != 1 or index.dtype != torch.int64:
-            acc.index_add_(0, index, source)
-            continue
-        length = index.numel() // ROWS
-        if length < MIN_ROW or acc.numel() * ROWS > index.numel():
+        one_d_int64 = acc.dim() == 1 and index.dtype == torch.int64
+        rows = row_count(acc.device.type, acc.numel(), index.numel()) if one_d_int64 else 0
+        if rows:
+            sum_in_rows(acc, index, source, rows, in_order=acc.device.type == "cpu")
+        elif one_d_int64 and acc.device.type == "cpu":
             acc.scatter_add_(0, index, source)  # index_add_'s sums in its order (module docstring)
-            continue
-        head = ROWS * length
-        parts = acc.new_zeros(ROWS, acc.numel())
-        parts.scatter_add_(1, index[:head].reshape(ROWS, length), source[:head].reshape(ROWS, length))
-        for part in parts:  # in row order
+        else:
+            acc.index_add_(0, index, source)
+
+
+def row_count(device_type: str, entries: int, sources: int) -> int:
+    """How many rows a job of ``sources`` sources into ``entries`` entries is summed in on ``device_type``
+    (module docstring); 0: in one piece."""
+    if device_type == "cpu":
+        return ROWS if sources // ROWS >= MIN_ROW and entries * ROWS <= sources else 0
+    if torch.are_deterministic_algorithms_enabled():
+        return 0
+    rows = min(DEVICE_ROWS, sources // DEVICE_MIN_ROW, DEVICE_PARTS // max(entries, 1))
+    return rows if rows >= 2 else 0
+
+
+def sum_in_rows(acc: torch.Tensor, index: torch.Tensor, source: torch.Tensor, rows: int, *, in_order: bool) -> None:
+    """Add the first ``rows`` equal rows of sources to ``acc`` through one partial accumulator each, the
+    partial accumulators in row order (``in_order``) or by ``sum(0)``, then the sources left over."""
+    length = index.numel() // rows
+    head = rows * length
+    parts = acc.new_zeros(rows, acc.numel())
+    parts.scatter_add_(1, index[:head].reshape(rows, length), source[:head].reshape(rows, length))
+    if in_order:
+        for part in parts:
             acc += part
-        if head < index.numel():
-            acc.scatter_add_(0, index[head:], source[head:])
+    else:
+        acc += parts.sum(0)
+    if head < index.numel():
+        acc.scatter_add_(0, index[head:], source[head:])
