@@ -3,7 +3,7 @@
 # 1. tests/core/test_cuda.py (training, inference and the artifact on CUDA against the CPU);
 #    then sqs_core._index_add's long sums timed against index_add_ (seconds);
 # 2. bench_step.py --device cuda, one case per process group (a case killed by its timeout loses only itself);
-# 3. a torch.profiler table of the eager SQS step of the 4096² Linear, K = 64, 2,048 tokens.
+# 3. torch.profiler tables of the eager and the compiled SQS step of the 4096² Linear, K = 64, 2,048 tokens.
 # Run from the repository root with a python3 that holds a CUDA torch, pytest and hypothesis; sqs-core is taken
 # from the source tree (PYTHONPATH), not installed. Results go to $OUT (default out/gpu, ignored by git).
 # With the defaults it ends within ~9.5 minutes (each part has its own timeout); on the lent H200 a machine's start
@@ -18,7 +18,7 @@ python3 -c 'import torch, sqs_core; print(torch.__version__, torch.version.cuda,
     | tee -a "$OUT/gpu.txt"
 timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider --durations=10 tests/core/test_cuda.py 2>&1 \
     | tee "$OUT/test_cuda.log"
-timeout "${SUMS_TIMEOUT:-60}" python3 - <<'PY' 2>&1 | tee "$OUT/index_add.txt"
+timeout "${SUMS_TIMEOUT:-30}" python3 - <<'PY' 2>&1 | tee "$OUT/index_add.txt"
 # sqs_core._index_add's rows against one index_add_ (atomic adds on few addresses), 2^20 float64 sources
 import torch
 from sqs_core._index_add import index_add_all
@@ -39,9 +39,10 @@ for entries in (128, 256, 4096):
     print(f"2^20 float64 sources into {entries} entries: index_add_ {plain:.3f} ms, index_add_all {rows:.3f} ms")
 PY
 cd packages/sqs-core/benchmarks || exit 1
-# KIND:BATCH:TIMEOUT; eager cases first (~35 s each on the H200), then the compiled mode alone: its first
-# process compiles the kernels (the float64 ones of test_cuda.py took 130-150 s there)
-for spec in ${CASES:-linear4096:2048:60 resnet20:128:45 linear4096:8192:60}; do
+# KIND:BATCH:TIMEOUT; eager cases first (~35 s each on the H200; session 30 measured resnet20:128:45 and
+# linear4096:8192:60 too), then the compiled mode alone: its first process compiles the kernels (the float64
+# ones of test_cuda.py took 130-150 s there)
+for spec in ${CASES:-linear4096:2048:60}; do
     case=${spec%:*}
     timeout "${spec##*:}" python3 bench_step.py --device cuda --only "$case" --steps 30 --rounds 1 --warm-cache \
         --modes ${MODES:-plain sqs} --out "$OUT/step_bench_cuda_${case/:/_}.json" 2>&1 | tee -a "$OUT/bench.log"
@@ -51,11 +52,13 @@ for spec in ${COMPILED_CASES:-linear4096:2048:170}; do
     timeout "${spec##*:}" python3 bench_step.py --device cuda --only "$case" --steps 20 --rounds 1 --warm-cache \
         --modes sqs-compiled --out "$OUT/step_bench_cuda_compiled_${case/:/_}.json" 2>&1 | tee -a "$OUT/bench.log"
 done
-timeout "${PROFILE_TIMEOUT:-45}" python3 - "$OUT/profile_sqs_2048.txt" <<'PY' 2>&1 | tail -5
+# MODE:TIMEOUT: a profile of three steps of each mode (the compiled one with the kernels cached by the bench above)
+for spec in ${PROFILES:-sqs:45 sqs-compiled:70}; do
+timeout "${spec##*:}" python3 - "${spec%:*}" "$OUT/profile_${spec%:*}_2048.txt" <<'PY' 2>&1 | tail -5
 import sys, torch
 from _step_models import build, training
 model, x, loss_fn = build("linear4096", 2048, torch.device("cuda"))
-opt, loss_of = training(model, loss_fn, "sqs", 64)
+opt, loss_of = training(model, loss_fn, sys.argv[1], 64)
 def step():
     loss = loss_of(model(x)); opt.zero_grad(); loss.backward(); opt.step()
 for _ in range(3):
@@ -66,6 +69,7 @@ with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, tor
         step()
     torch.cuda.synchronize()
 table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
-open(sys.argv[1], "w").write(table + "\n\n" + prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
-print("profile written")
+open(sys.argv[2], "w").write(table + "\n\n" + prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
+print("profile written", sys.argv[1])
 PY
+done
