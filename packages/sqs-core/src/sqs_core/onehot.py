@@ -279,12 +279,14 @@ def flat_indices(
     weights' from forward to backward: 4 bytes each, not 8); eager indexing with int32 is 10–50% slower.
     ``values`` is the mask itself, or with ``test`` any flat tensor whose mask ``test(part)`` gives for each
     INDEX_CHUNK part, so that no bool tensor of all entries is made (a T-sized one is fresh memory, mapped
-    and zeroed, every step)."""
+    and zeroed, every step). On an accelerator, one ``nonzero`` (each waits for the device; its allocator
+    reuses the memory)."""
     if values.numel() > torch.iinfo(torch.int32).max:
         dtype = torch.int64
-    starts = range(0, max(values.numel(), 1), INDEX_CHUNK)  # an empty tensor: one empty part
+    chunk = INDEX_CHUNK if values.device.type == "cpu" else max(values.numel(), 1)
+    starts = range(0, max(values.numel(), 1), chunk)  # an empty tensor: one empty part
     select = (lambda part: part) if test is None else test
-    parts = [select(values[a : a + INDEX_CHUNK]).nonzero().squeeze(1).to(dtype).add_(a) for a in starts]
+    parts = [select(values[a : a + chunk]).nonzero().squeeze(1).to(dtype).add_(a) for a in starts]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
