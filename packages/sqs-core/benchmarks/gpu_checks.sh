@@ -52,9 +52,10 @@ for spec in ${COMPILED_CASES:-linear4096:2048:170}; do
     timeout "${spec##*:}" python3 bench_step.py --device cuda --only "$case" --steps 20 --rounds 1 --warm-cache \
         --modes sqs-compiled --out "$OUT/step_bench_cuda_compiled_${case/:/_}.json" 2>&1 | tee -a "$OUT/bench.log"
 done
-# MODE:TIMEOUT: a profile of three steps of each mode (the compiled one with the kernels cached by the bench above)
+# MODE:TIMEOUT: a profile of three steps of each mode (the compiled one with the kernels cached by the bench above),
+# then its step time and peak at three chunk sizes, and a plain step's
 for spec in ${PROFILES:-sqs:45 sqs-compiled:70}; do
-timeout "${spec##*:}" python3 - "${spec%:*}" "$OUT/profile_${spec%:*}_2048.txt" <<'PY' 2>&1 | tail -5
+timeout "${spec##*:}" python3 - "${spec%:*}" "$OUT/profile_${spec%:*}_2048.txt" <<'PY' 2>&1 | tail -8
 import sys, torch
 from _step_models import build, training
 model, x, loss_fn = build("linear4096", 2048, torch.device("cuda"))
@@ -71,5 +72,24 @@ with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, tor
 table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
 open(sys.argv[2], "w").write(table + "\n\n" + prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
 print("profile written", sys.argv[1])
+# the step against sqs_core.chunked.CHUNK_ELEMENTS (sized for a CPU's caches), beside a plain step in this process
+import sqs_core.chunked as chunked
+def per_step(fn, steps=10):
+    fn(); fn(); torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        fn()
+    end.record(); torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps, torch.cuda.max_memory_allocated() / 2**20
+for chunk in (1 << 18, 1 << 20, 1 << 22):
+    chunked.CHUNK_ELEMENTS = chunk
+    print(sys.argv[1], f"CHUNK_ELEMENTS 2^{chunk.bit_length() - 1}: %.2f ms/step, peak %.0f MiB" % per_step(step))
+del model, opt
+plain, x, loss_fn = build("linear4096", 2048, torch.device("cuda"))
+plain_opt, _ = training(plain, loss_fn, "plain", 64)
+def plain_step():
+    loss = loss_fn(plain(x)); plain_opt.zero_grad(); loss.backward(); plain_opt.step()
+print("plain: %.2f ms/step, peak %.0f MiB" % per_step(plain_step))
 PY
 done
