@@ -43,8 +43,17 @@ from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
 from ._fused_uncovered import bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients
-from .chunked import _chunk_ranges, _flat_index, _gate_probs, _variance, check_first_order, kl_accumulator, kl_grad
-from .mixture import bernoulli_kl_terms
+from .chunked import (
+    GATE_FLOOR,
+    _chunk_ranges,
+    _flat_index,
+    _gate_probs,
+    _variance,
+    check_first_order,
+    kl_accumulator,
+    kl_grad,
+)
+from .mixture import bernoulli_kl_terms, exp_floor, flush_subnormals
 from .onehot import CERTIFIED, _bin_bounds, bin_of, bin_table, uncovered_blocks
 
 __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
@@ -76,7 +85,7 @@ def _moments_first(theta, gate_logits, mask, window_ids, table, tau, k, kl_table
         if kl_table is None
         else _kl_sum(gate_logits, mask, _flat_index(window_ids, kstar, k), kl_table, tau, log_keep, log_drop)
     )
-    return _gate_probs(gate_logits, mask, tau)[2] * mean, kstar, classes, kl
+    return flush_subnormals(_gate_probs(gate_logits, mask, tau)[2] * mean), kstar, classes, kl
 
 
 def _moments_second(
@@ -100,7 +109,7 @@ def _moments_second(
     flat = _flat_index(window_ids, kstar, k)
     s = m * m + torch.exp(2 * log_stds[flat])
     kl = None if kl_table is None else _kl_sum(gate_logits, mask, flat, kl_table, tau, log_keep, log_drop)
-    return lam * m, _variance(lam, m, s, spike_var), kstar, classes, kl
+    return flush_subnormals(lam * m), flush_subnormals(_variance(lam, m, s, spike_var)), kstar, classes, kl
 
 
 def _one_hot_backward(
@@ -164,8 +173,10 @@ def _kl_sum(gate_logits, mask, flat, component_kl, tau, log_keep, log_drop):
     """Σ_i λ̃_i KL_{flat_i} + Σ_i KL(Bern(λ̃_i)‖Bern(λ)) in float64 (``log_keep`` None: no Bernoulli term);
     KL(Bern) by mixture.bernoulli_kl_terms with log λ, log(1 − λ) given; a masked gate's term is −log(1 − λ)."""
     scaled = gate_logits / tau
-    e = torch.exp(-scaled.abs())  # sigmoid(ℓ) and the Bernoulli entropy from the same e^{-|ℓ|}
+    # sigmoid(ℓ) and the Bernoulli entropy from the same e^{-|ℓ|}, raised to exp_floor (bernoulli_kl_terms)
+    e = torch.exp((-scaled.abs()).clamp(min=exp_floor(scaled.dtype)))
     q = torch.where(scaled >= 0, 1.0, e) / (1 + e)
+    q = torch.where(q > GATE_FLOOR, q, 0.0)  # as chunked._gate_probs
     total = (torch.where(mask, q, 0.0) * component_kl[flat]).sum(dtype=torch.float64)
     if log_keep is None:
         return total

@@ -19,7 +19,7 @@ from ._compiled import _Kernel, _scalar
 from ._fused_nearby import nearby_rows, nearby_rows_vjp
 from ._nearby import NearbyTables
 from .chunked import _flat_index, _gate_probs, _variance, recomputed_grads
-from .mixture import HALF_LOG_2PI, PAPER_CLAMP
+from .mixture import HALF_LOG_2PI, PAPER_CLAMP, flush_subnormals, flush_subnormals_
 from .onehot import bin_of
 
 __all__ = ["KERNELS", "bin_scalars", "block_gradients", "full_block", "nearby_block", "unpack_blocks"]
@@ -68,9 +68,9 @@ def _nearby_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tabl
     for c in range(1, len(flat)):
         best = torch.where(pos == c, flat[c], best)
     lam = _gate_probs(gate_logits[u], mask[u], tau)[2]
-    var = None if s is None else _variance(lam.double(), m, s, spike_var).to(th.dtype)
+    var = None if s is None else flush_subnormals(_variance(lam.double(), m, s, spike_var).to(th.dtype))
     correction = None if kl_table is None else _kl_correction(kl_table, best, _flat_index(wid, kstar[u], k), lam)
-    return (lam * m).to(th.dtype), var, (best - wid * k).to(torch.uint8), correction, bins
+    return flush_subnormals((lam * m).to(th.dtype)), var, (best - wid * k).to(torch.uint8), correction, bins
 
 
 def _kl_correction(kl_table, flat, flat_before, lam):
@@ -149,14 +149,14 @@ def full_block(u, inputs, log_mix, spec, second, kl_table):
     wid = window_ids[u].long()
     m, s, levels = _full_eval(theta[u], wid, means, log_stds, log_mix, spec, second)
     lam = _gate_probs(gate_logits[u], mask[u], spec.gate_temperature)[2]
-    var = None if s is None else _variance(lam, m, s, spec.spike_variance)
+    var = None if s is None else flush_subnormals_(_variance(lam, m, s, spec.spike_variance))
     k = means.shape[1]
     correction = (
         None
         if kl_table is None
         else _kl_correction(kl_table, _flat_index(wid, levels, k), _flat_index(wid, kstar[u], k), lam)
     )
-    return lam * m, var, levels, correction, None
+    return flush_subnormals_(lam * m), var, levels, correction, None
 
 
 def unpack_blocks(tensors, widths):

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients, nearby_moments, nearby_vjp
-from .mixture import bernoulli_kl, component_log_density, log_responsibilities
+from .mixture import bernoulli_kl, component_log_density, flush_subnormals_, log_responsibilities
 from .onehot import CERTIFIED, bin_components, bin_table, certify_one_hot, classify, flat_indices, uncovered_blocks
 
 __all__ = [
@@ -105,6 +105,16 @@ def check_first_order() -> None:
         )
 
 
+GATE_FLOOR = 2.0**-64
+"""λ̃ at most this (ℓ = s̃/τ' ≤ −44.4) is taken as 0 in training: θ^avg, Var, the gate KL's λ̃ KL_k and their
+gradients. Such a weight contributes 2^-64 of its retained value, far below float32 rounding of any sum beside a
+retained weight, and its gate's exact gradient is as small (AdamW's step from it is ~1e-12 of the learning
+rate; the gate is frozen either way). Left exact, a gate driven towards 0 spends steps with λ̃ μ near or below
+float32's smallest normal number, and the subnormal products that follow (in the layer's matrix products,
+forward and backward) take a microcode assist each on x86: docs/method.md, "Session 32". Inference ranks the
+gates by their logits, untouched."""
+
+
 class _PosteriorMoments(torch.autograd.Function):
     """θ^avg_i = λ̃_i Σ_k φ_ik μ_k and (optionally) Var_q(θ̃_i); also k*_i = argmax_k φ_ik.
 
@@ -155,11 +165,11 @@ class _PosteriorMoments(torch.autograd.Function):
             if component_kl is not None:
                 ck = component_kl.reshape(-1).index_select(0, _flat_index(wid, ks, k))
                 kl += _kl_terms_sum(scaled, lam, mask[a:b], ck, spec.prior_keep)
-            torch.mul(lam, m, out=mean[a:b])  # no chunk-sized temporary to copy
+            flush_subnormals_(torch.mul(lam, m, out=mean[a:b]))  # no chunk-sized temporary to copy
             kstar[a:b] = ks
             classes[a:b] = cls
             if s is not None:
-                var[a:b] = _variance(lam, m, s, spec.spike_variance)
+                var[a:b] = flush_subnormals_(_variance(lam, m, s, spec.spike_variance))
         saved = (theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes)
         ctx.save_for_backward(*saved, *block_indices)
         ctx.spec, ctx.second, ctx.table, ctx.blocks = spec, second, table, blocks
@@ -217,10 +227,14 @@ class _PosteriorMoments(torch.autograd.Function):
 
 
 def _gate_probs(gate_logits: torch.Tensor, mask: torch.Tensor, gate_temperature: float):
-    """(ℓ = s̃/τ', λ̃ = sigmoid(ℓ) (eq. lambda-prime), λ̃ where the pruning mask keeps the gate, else 0)."""
+    """(ℓ = s̃/τ', λ̃ = sigmoid(ℓ) (eq. lambda-prime), λ̃ where the pruning mask keeps the gate and λ̃ exceeds
+    :data:`GATE_FLOOR`, else 0)."""
     scaled = gate_logits / gate_temperature
     lam_raw = torch.sigmoid(scaled)
-    return scaled, lam_raw, torch.where(mask, lam_raw, lam_raw.new_zeros(()))  # no float copy of the mask
+    lam = torch.where(mask, lam_raw, lam_raw.new_zeros(()))  # no float copy of the mask
+    if torch.compiler.is_compiling():
+        return scaled, lam_raw, F.hardshrink(lam, GATE_FLOOR)
+    return scaled, lam_raw, torch.ops.aten.hardshrink.out(lam, GATE_FLOOR, out=lam)  # in place: one pass
 
 
 def _variance(lam, m, s, spike_variance):
