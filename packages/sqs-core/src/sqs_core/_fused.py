@@ -80,12 +80,8 @@ def _moments_first(theta, gate_logits, mask, window_ids, table, tau, k, kl_table
     """(θ^avg = λ̃ μ_{k*}, k*, class, gate KL or None) of every weight, as if every weight were certified;
     the gate KL (:func:`_kl_sum`) when ``kl_table`` (flat component KLs) is given."""
     kstar, mean, classes = _certify(theta, window_ids, table)
-    kl = (
-        None
-        if kl_table is None
-        else _kl_sum(gate_logits, mask, _flat_index(window_ids, kstar, k), kl_table, tau, log_keep, log_drop)
-    )
-    return flush_subnormals(_gate_probs(gate_logits, mask, tau)[2] * mean), kstar, classes, kl
+    lam, kl = _gate_and_kl(gate_logits, mask, window_ids, kstar, tau, k, kl_table, log_keep, log_drop)
+    return flush_subnormals(lam * mean), kstar, classes, kl
 
 
 def _moments_second(
@@ -105,11 +101,19 @@ def _moments_second(
     """(θ^avg, Var_q = λ̃ (μ² + σ²) − (λ̃ μ)² + (1 − λ̃) σ_0², k*, class, gate KL or None) at k*
     (flat ``log_stds``), as :func:`_moments_first`."""
     kstar, m, classes = _certify(theta, window_ids, table)
-    lam = _gate_probs(gate_logits, mask, tau)[2]
-    flat = _flat_index(window_ids, kstar, k)
-    s = m * m + torch.exp(2 * log_stds[flat])
-    kl = None if kl_table is None else _kl_sum(gate_logits, mask, flat, kl_table, tau, log_keep, log_drop)
+    lam, kl = _gate_and_kl(gate_logits, mask, window_ids, kstar, tau, k, kl_table, log_keep, log_drop)
+    s = m * m + torch.exp(2 * log_stds[_flat_index(window_ids, kstar, k)])
     return flush_subnormals(lam * m), flush_subnormals(_variance(lam, m, s, spike_var)), kstar, classes, kl
+
+
+def _gate_and_kl(gate_logits, mask, window_ids, kstar, tau, k, kl_table, log_keep, log_drop):
+    """(λ̃ as chunked._gate_probs gives it, masked and floored; the gate KL at k* or None without ``kl_table``):
+    with the KL, λ̃ comes from the KL's own e^{−|ℓ|} (:func:`_gate_terms`): one exp per weight, not two."""
+    if kl_table is None:
+        return _gate_probs(gate_logits, mask, tau)[2], None
+    terms = _gate_terms(gate_logits, mask, tau)
+    flat = _flat_index(window_ids, kstar, k)
+    return terms[2], _kl_sum(gate_logits, mask, flat, kl_table, tau, log_keep, log_drop, terms)
 
 
 def _one_hot_backward(
@@ -169,19 +173,25 @@ def _gate_kl_sum(gate_logits, mask, window_ids, kstar, component_kl, tau, k, log
     return _kl_sum(gate_logits, mask, _flat_index(window_ids, kstar, k), component_kl, tau, log_keep, log_drop)
 
 
-def _kl_sum(gate_logits, mask, flat, component_kl, tau, log_keep, log_drop):
+def _kl_sum(gate_logits, mask, flat, component_kl, tau, log_keep, log_drop, terms=None):
     """Σ_i λ̃_i KL_{flat_i} + Σ_i KL(Bern(λ̃_i)‖Bern(λ)) in float64 (``log_keep`` None: no Bernoulli term);
-    KL(Bern) by mixture.bernoulli_kl_terms with log λ, log(1 − λ) given; a masked gate's term is −log(1 − λ)."""
-    scaled = gate_logits / tau
-    # sigmoid(ℓ) and the Bernoulli entropy from the same e^{-|ℓ|}, raised to exp_floor (bernoulli_kl_terms)
-    e = torch.exp((-scaled.abs()).clamp(min=exp_floor(scaled.dtype)))
-    q = torch.where(scaled >= 0, 1.0, e) / (1 + e)
-    q = torch.where(q > GATE_FLOOR, q, 0.0)  # as chunked._gate_probs
-    total = (torch.where(mask, q, 0.0) * component_kl[flat]).sum(dtype=torch.float64)
+    KL(Bern) by mixture.bernoulli_kl_terms with log λ, log(1 − λ) given; a masked gate's term is −log(1 − λ).
+    ``terms``: :func:`_gate_terms` when the caller has them."""
+    scaled, e, lam = _gate_terms(gate_logits, mask, tau) if terms is None else terms
+    total = (lam * component_kl[flat]).sum(dtype=torch.float64)
     if log_keep is None:
         return total
-    bern = bernoulli_kl_terms(scaled, q, log_keep - log_drop, log_drop, tail=e)
+    bern = bernoulli_kl_terms(scaled, lam, log_keep - log_drop, log_drop, tail=e)  # λ̃ masked: replaced below
     return total + torch.where(mask, bern, -log_drop).sum(dtype=torch.float64)
+
+
+def _gate_terms(gate_logits, mask, tau):
+    """(ℓ = s̃/τ', e^{−|ℓ|} raised to exp_floor as bernoulli_kl_terms raises it, λ̃ = sigmoid(ℓ) from that e,
+    masked and floored as chunked._gate_probs)."""
+    scaled = gate_logits / tau
+    e = torch.exp((-scaled.abs()).clamp(min=exp_floor(scaled.dtype)))
+    q = torch.where(scaled >= 0, 1.0, e) / (1 + e)
+    return scaled, e, torch.where(mask & (q > GATE_FLOOR), q, 0.0)
 
 
 def _gate_kl_backward(gate_logits, mask, window_ids, kstar, component_kl, tau, k, prior_logit, grad):
