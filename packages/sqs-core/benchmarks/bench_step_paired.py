@@ -9,12 +9,16 @@ last five steps (``--steps`` ≥ 15), the medians of the step times, the share o
 after the last step, and every step's time. The compiled mode compiles into a fresh inductor cache unless
 ``--warm-cache`` (its first step is in ``ratios`` but in neither median).
 
+``--far-gates`` sets every SQS gate logit before each step (untimed) to where gates driven far from 1/2 end up:
+ℓ = s̃/τ' uniform in [−95, −80] for three gates in four and in [80, 95] for the rest (fixed seed), which puts
+λ̃ μ at and below float32's smallest normal number (docs/method.md, "Session 32").
+
 Peak memory needs a process per mode: bench_step.py measures it. The models share one process and one
 allocator here, so each step runs on whatever heap the other models' steps left (glibc keeps freed memory):
 this times the steps' work, not their page faults on fresh memory.
 
 Usage: python bench_step_paired.py --only KIND:BATCH [--modes sqs sqs-compiled] [--steps N] [--warm-cache]
-[--out FILE]
+[--far-gates] [--out FILE]
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ def _arguments():
     parser.add_argument("--modes", nargs="+", default=list(SQS_MODES), choices=SQS_MODES, help="SQS modes to time")
     parser.add_argument("--steps", type=int, default=50, help="steps of every mode (at least 15)")
     parser.add_argument("--warm-cache", action="store_true", help="compile into the user's inductor cache")
+    parser.add_argument("--far-gates", action="store_true", help="gate logits set to |s̃/τ'| in [80, 95] each step")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write (default: print only)")
     args = parser.parse_args()
     try:
@@ -61,20 +66,39 @@ def _step(model, x, opt, loss_of) -> float:
     return time.perf_counter() - start
 
 
-def run(kind: str, batch: int, k: int, modes: list[str], steps: int) -> dict:
+def _far_gate_logits(model):
+    """[(gate logits parameter, the s̃ of --far-gates)] of every posterior of ``model``."""
+    import sqs_core as sqs
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    pairs = []
+    for posterior in sqs.posteriors(model).values():
+        shape = posterior.gate_logits.shape
+        logits = torch.rand(shape, generator=g) * 15 + 80
+        logits = torch.where(torch.rand(shape, generator=g) < 0.75, -logits, logits)
+        pairs.append((posterior.gate_logits, (logits * float(posterior.gate_temperature)).to(posterior.gate_logits)))
+    return pairs
+
+
+def run(kind: str, batch: int, k: int, modes: list[str], steps: int, far_gates: bool = False) -> dict:
     """Every mode's step times and each SQS mode's per-step ratios to the plain step of the same round."""
     import torch
     from _step_models import build, certified_fraction, training
 
-    setups = {}
+    setups, resets = {}, {}
     for mode in ["plain", *modes]:
         model, x, loss_fn = build(kind, batch, torch.device("cpu"))
         setups[mode] = (model, x, *training(model, loss_fn, mode, k))
+        resets[mode] = _far_gate_logits(model) if far_gates and mode != "plain" else []
     names = list(setups)
     times: dict[str, list[float]] = {mode: [] for mode in names}
     for i in range(steps):
         shift = i % len(names)
         for mode in names[shift:] + names[:shift]:
+            with torch.no_grad():
+                for parameter, value in resets[mode]:
+                    parameter.copy_(value)
             times[mode].append(_step(*setups[mode]))
     result = {"plain": {"step_s": median(times["plain"][1:6]), "late_step_s": median(times["plain"][-5:])}}
     result["plain"]["steps_s"] = times["plain"]
@@ -98,7 +122,7 @@ def main() -> None:
     if "sqs-compiled" in modes and not args.warm_cache:
         cache = tempfile.TemporaryDirectory(prefix="inductor-")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name  # read when inductor first compiles
-    result = run(kind, batch, k, modes, args.steps)
+    result = run(kind, batch, k, modes, args.steps, args.far_gates)
     for mode in modes:
         r = result[mode]
         print(
@@ -111,6 +135,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "case": f"{kind}:{batch}",
         "steps": args.steps,
+        "far_gates": args.far_gates,
     }
     if args.out is not None:
         write_json(args.out, {**payload, **result})  # no half-written results
