@@ -107,12 +107,12 @@ def check_first_order() -> None:
 
 GATE_FLOOR = 2.0**-64
 """λ̃ at most this (ℓ = s̃/τ' ≤ −44.4) is taken as 0 in training: θ^avg, Var, the gate KL's λ̃ KL_k and their
-gradients. Such a weight contributes 2^-64 of its retained value, far below float32 rounding of any sum beside a
-retained weight, and its gate's exact gradient is as small (AdamW's step from it is ~1e-12 of the learning
-rate; the gate is frozen either way). Left exact, a gate driven towards 0 spends steps with λ̃ μ near or below
-float32's smallest normal number, and the subnormal products that follow (in the layer's matrix products,
-forward and backward) take a microcode assist each on x86: docs/method.md, "Session 32". Inference ranks the
-gates by their logits, untouched."""
+gradients. Such a weight contributes 2^-64 of its retained value, far below float32 rounding of any sum beside
+a retained weight, and its gate's exact gradient is as small: far below AdamW's ε = 1e-8 for any sane loss
+scale, so its step would be a vanishing fraction of the learning rate (the gate is frozen either way). Left
+exact, a gate driven towards 0 spends steps with λ̃ μ near or below float32's smallest normal number, and the
+subnormal products that follow (in the layer's matrix products, forward and backward) take a microcode assist
+each on x86: docs/method.md, "Session 32". Inference ranks the gates by their logits, untouched."""
 
 
 class _PosteriorMoments(torch.autograd.Function):
