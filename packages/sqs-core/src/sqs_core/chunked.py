@@ -232,7 +232,7 @@ def _gate_probs(gate_logits: torch.Tensor, mask: torch.Tensor, gate_temperature:
     scaled = gate_logits / gate_temperature
     lam_raw = torch.sigmoid(scaled)
     lam = torch.where(mask, lam_raw, lam_raw.new_zeros(()))  # no float copy of the mask
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or lam.requires_grad:  # out= is neither traced nor differentiable
         return scaled, lam_raw, F.hardshrink(lam, GATE_FLOOR)
     return scaled, lam_raw, torch.ops.aten.hardshrink.out(lam, GATE_FLOOR, out=lam)  # in place: one pass
 
