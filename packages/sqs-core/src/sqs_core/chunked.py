@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients, nearby_moments, nearby_vjp
-from .mixture import bernoulli_kl, component_log_density, flush_subnormals_, log_responsibilities
+from .mixture import bernoulli_kl, component_log_density, flush_subnormals_, log_responsibilities, zero_at_most_
 from .onehot import CERTIFIED, bin_components, bin_table, certify_one_hot, classify, flat_indices, uncovered_blocks
 
 __all__ = [
@@ -232,9 +232,7 @@ def _gate_probs(gate_logits: torch.Tensor, mask: torch.Tensor, gate_temperature:
     scaled = gate_logits / gate_temperature
     lam_raw = torch.sigmoid(scaled)
     lam = torch.where(mask, lam_raw, lam_raw.new_zeros(()))  # no float copy of the mask
-    if torch.compiler.is_compiling() or lam.requires_grad:  # out= is neither traced nor differentiable
-        return scaled, lam_raw, F.hardshrink(lam, GATE_FLOOR)
-    return scaled, lam_raw, torch.ops.aten.hardshrink.out(lam, GATE_FLOOR, out=lam)  # in place: one pass
+    return scaled, lam_raw, zero_at_most_(lam, GATE_FLOOR)
 
 
 def _variance(lam, m, s, spike_variance):

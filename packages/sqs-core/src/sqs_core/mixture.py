@@ -30,6 +30,7 @@ __all__ = [
     "flush_subnormals_",
     "gaussian_kl",
     "log_responsibilities",
+    "zero_at_most_",
 ]
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -66,8 +67,16 @@ def flush_subnormals(x: torch.Tensor) -> torch.Tensor:
 
 
 def flush_subnormals_(x: torch.Tensor) -> torch.Tensor:
-    """:func:`flush_subnormals` in place (one pass): ``x`` itself."""
-    return torch.ops.aten.hardshrink.out(x, torch.finfo(x.dtype).tiny, out=x)
+    """:func:`flush_subnormals` in place (one pass): ``x`` itself (see :func:`zero_at_most_`)."""
+    return zero_at_most_(x, torch.finfo(x.dtype).tiny)
+
+
+def zero_at_most_(x: torch.Tensor, threshold: float) -> torch.Tensor:
+    """``x`` with every entry of magnitude at most ``threshold`` set to 0, in place (one pass) and returned; a new
+    tensor where in-place ``out=`` cannot go: under ``torch.compile`` or when ``x`` carries a graph."""
+    if torch.compiler.is_compiling() or x.requires_grad:
+        return F.hardshrink(x, threshold)
+    return torch.ops.aten.hardshrink.out(x, threshold, out=x)
 
 
 def component_log_density(
