@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqs_core import _index_add
 from sqs_core._index_add import (
+    DEVICE_MAX_ENTRIES,
     DEVICE_MIN_ROW,
-    DEVICE_PARTS,
     DEVICE_ROWS,
     MIN_ROW,
     ROWS,
@@ -126,8 +126,8 @@ def test_the_row_counts_follow_the_documented_limits():
     assert row_count("cuda", 128, 1 << 20) == DEVICE_ROWS
     assert row_count("cuda", 128, 5 * DEVICE_MIN_ROW + 3) == 5
     assert row_count("cuda", 128, 2 * DEVICE_MIN_ROW - 1) == 0  # one row: index_add_ itself
-    assert row_count("cuda", DEVICE_PARTS // 3, 1 << 24) == 3  # the partial sums capped at DEVICE_PARTS
-    assert row_count("cuda", DEVICE_PARTS, 1 << 24) == 0
+    assert row_count("cuda", DEVICE_MAX_ENTRIES, 1 << 24) == DEVICE_ROWS
+    assert row_count("cuda", DEVICE_MAX_ENTRIES + 1, 1 << 24) == 0  # many entries: index_add_ itself
     before = torch.are_deterministic_algorithms_enabled()
     try:
         torch.use_deterministic_algorithms(True)

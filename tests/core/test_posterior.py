@@ -65,6 +65,15 @@ def test_chunked_forward_and_backward_match_autograd(monkeypatch, kind, windows,
         assert torch.allclose(a, b, atol=1e-8, rtol=1e-6)
 
 
+def test_the_chunk_size_follows_the_device(monkeypatch):
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 96)
+    monkeypatch.setattr(chunked, "DEVICE_CHUNK_ELEMENTS", 640)
+    assert chunked.chunk_elements(torch.device("cpu")) == 96
+    assert chunked.chunk_elements(torch.device("cuda")) == 640  # a torch.device needs no GPU
+    assert list(chunked._chunk_ranges(250, 1, torch.device("cpu"))) == [(0, 96), (96, 192), (192, 250)]
+    assert list(chunked._chunk_ranges(250, 4, torch.device("meta"))) == [(0, 160), (160, 250)]
+
+
 @pytest.mark.parametrize("gaussian", [False, True])
 @pytest.mark.parametrize("source", ["forward", "alone"])  # summed by moments(), or again by sqs_core._gate_kl
 def test_gate_kl_value_and_gradients_match_autograd(monkeypatch, gaussian, source):

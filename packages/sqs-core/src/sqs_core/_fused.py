@@ -9,7 +9,7 @@ weights: λ̃ = sigmoid(s̃/τ') (eq. lambda-prime), the one-hot certificate (:m
   summed in the same pass, chunked._PosteriorMoments): one kernel over all T weights; the B·K bounds of the
   certificate's bin table (onehot._bin_bounds): one kernel;
 * moments backward: gate, one-hot gradients, the gate KL's gradients, ∂/∂s̃: one kernel per chunk of
-  CHUNK_ELEMENTS weights;
+  chunked.chunk_elements weights;
 * the weights the certificate does not cover (sqs_core._fused_uncovered): in forward, a block of weights in
   lumpable bins is one kernel that gathers its inputs, looks up its bins' 4, 8 or 16 nearby components and evaluates
   φ with the loop over components unrolled; the other uncovered weights, φ on all K with the components
@@ -24,7 +24,7 @@ once over all weights and once per width over the uncovered ones), gathering the
 parameters in backward (so the gradients reach the parameters through the deterministic backward of
 indexing), the table's ``topk``, and the float64 ``index_add_`` that sums per-weight gradients into the
 (W, K) parameters (compiled, it becomes atomic adds whose order, hence result, varies between runs with
-several threads). The backward works in chunks so that its float64 temporaries stay O(CHUNK_ELEMENTS).
+several threads). The backward works in chunks so that its float64 temporaries stay O(chunk_elements).
 
 Each kernel is compiled on its first call (``dynamic=True``: one graph for every size, chunk and K;
 floats travel as 0-d tensors so no value triggers a recompile). Importing this module compiles nothing.
@@ -37,7 +37,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import chunked
 from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
 from ._fused_uncovered import bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
@@ -50,6 +49,7 @@ from .chunked import (
     _gate_probs,
     _variance,
     check_first_order,
+    chunk_elements,
     kl_accumulator,
     kl_grad,
 )
@@ -258,7 +258,7 @@ def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar
     if g_comp is not None:
         kl = (component_kl.detach().reshape(-1), _prior_logit(spec.prior_keep), grad_kl.detach())
     workspace: tuple = ()
-    for a, b in _chunk_ranges(gate_logits.numel(), 1):
+    for a, b in _chunk_ranges(gate_logits.numel(), 1, gate_logits.device):
         if not workspace or workspace[0].numel() != b - a:
             workspace = _one_hot_workspace(b - a, gv is not None, g_comp is not None, gate_logits.device)
         certified = classes[a:b] == CERTIFIED  # eager: as uint8 == 255 inside the kernel, 1.5× the kernel's time
@@ -297,7 +297,7 @@ class FusedPosteriorMoments(torch.autograd.Function):
             theta, gate_logits, mask, window_ids, log_stds, table, spec, second, component_kl
         )
         # int32 indices: they are saved for backward
-        blocks = list(uncovered_blocks(classes, table, means.shape[1], chunked.CHUNK_ELEMENTS, torch.int32))
+        blocks = list(uncovered_blocks(classes, table, means.shape[1], chunk_elements(theta.device), torch.int32))
         inputs = (theta, gate_logits, means, log_stds, mask, window_ids, kstar)
         kl_table = None if component_kl is None else component_kl.detach().reshape(-1)
         scalars, saved_blocks = bin_scalars(table, theta.dtype), []

@@ -38,7 +38,7 @@ class _GateKL(torch.autograd.Function):
         _, chunk_grads = _gate_kl_parts(ctx.compiled)
         g_gate = torch.empty_like(gate_logits)
         g_comp = torch.zeros(component_kl.numel(), dtype=torch.float64, device=gate_logits.device)
-        for a, b in _chunk_ranges(gate_logits.numel(), 1):
+        for a, b in _chunk_ranges(gate_logits.numel(), 1, gate_logits.device):
             chunk = (gate_logits[a:b], component_kl, mask[a:b], window_ids[a:b], kstar[a:b])
             index, lam, g_gate[a:b] = chunk_grads(*chunk, ctx.gate_temperature, ctx.prior_keep, grad)
             index_add_all([(g_comp, index, lam)])
@@ -58,7 +58,7 @@ def _gate_kl_parts(compiled: bool):
 def _gate_kl_total(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep):
     """The KL sum in float64, chunk by chunk."""
     total = torch.zeros((), dtype=torch.float64, device=gate_logits.device)
-    for a, b in _chunk_ranges(gate_logits.numel(), 1):
+    for a, b in _chunk_ranges(gate_logits.numel(), 1, gate_logits.device):
         chunk = (gate_logits[a:b], component_kl, mask[a:b], window_ids[a:b], kstar[a:b])
         total += _gate_kl_chunk_sum(*chunk, gate_temperature, prior_keep)
     return total

@@ -19,12 +19,13 @@ only.
 
 On an accelerator (CUDA) the same split serves another end: ``index_add_`` there is one atomic add per source,
 and millions of them meet at a few hundred addresses (session 30's H200 profile: 9 of the eager step's 31 ms
-of GPU time, 55 µs per 2^20 float64 sources). A long job is cut into up to ``DEVICE_ROWS`` rows of at least
-``DEVICE_MIN_ROW`` sources, each summed into its own partial accumulator (a few adds per address), the partial
-accumulators summed by ``sum(0)``, then the rest added; at most ``DEVICE_PARTS`` partial sums. Atomic adds
-make the last bits vary between runs there, as ``index_add_``'s do; with
+of GPU time). A long job into at most ``DEVICE_MAX_ENTRIES`` entries is cut into up to ``DEVICE_ROWS`` rows of
+at least ``DEVICE_MIN_ROW`` sources, each summed into its own partial accumulator (a few adds per address), the
+partial accumulators summed by ``sum(0)``, then the rest added. On session 33's H200, per 2^20 float64 sources:
+0.046 against 0.307 ms (``index_add_``) into 128 entries, 0.044 against 0.051 ms into 1,024, but 0.041 against
+0.031 ms into 4,096 and 0.042 against 0.019 ms into 16,384, where the atomic adds spread out by themselves:
+hence the cap on entries. Atomic adds make the last bits vary between runs there, as ``index_add_``'s do; with
 ``torch.use_deterministic_algorithms(True)`` every job runs ``index_add_`` (torch's deterministic one).
-Not yet timed on a GPU (benchmarks/gpu_checks.sh times it against ``index_add_``).
 
 Other jobs (few sources, int32 indices) run ``index_add_`` (1-D int64 on the CPU: ``scatter_add_``, the same
 bits, faster), one after another.
@@ -36,13 +37,13 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["DEVICE_MIN_ROW", "DEVICE_PARTS", "DEVICE_ROWS", "MIN_ROW", "ROWS", "index_add_all"]
+__all__ = ["DEVICE_MAX_ENTRIES", "DEVICE_MIN_ROW", "DEVICE_ROWS", "MIN_ROW", "ROWS", "index_add_all"]
 
 ROWS = 16  # parts of a long sum: a constant, so that the bits do not depend on the number of threads
 MIN_ROW = 4096  # sources per part below which a job is summed in one piece
 DEVICE_ROWS = 1024  # on an accelerator: at most this many parts, so that few atomic adds meet at one address
 DEVICE_MIN_ROW = 1024  # sources per part, at least, on an accelerator
-DEVICE_PARTS = 1 << 21  # partial sums (rows × entries) at most on an accelerator: 16 MiB of float64
+DEVICE_MAX_ENTRIES = 1024  # on an accelerator: entries above which index_add_ is as fast (module docstring)
 
 
 def index_add_all(jobs: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
@@ -66,8 +67,8 @@ def row_count(device_type: str, entries: int, sources: int) -> int:
         return ROWS if sources // ROWS >= MIN_ROW and entries * ROWS <= sources else 0
     if torch.are_deterministic_algorithms_enabled():
         return 0
-    rows = min(DEVICE_ROWS, sources // DEVICE_MIN_ROW, DEVICE_PARTS // max(entries, 1))
-    return rows if rows >= 2 else 0
+    rows = min(DEVICE_ROWS, sources // DEVICE_MIN_ROW)
+    return rows if rows >= 2 and entries <= DEVICE_MAX_ENTRIES else 0
 
 
 def sum_in_rows(acc: torch.Tensor, index: torch.Tensor, source: torch.Tensor, rows: int, *, in_order: bool) -> None:

@@ -32,7 +32,18 @@ __all__ = [
     "uncertain_log_responsibilities",
 ]
 
-CHUNK_ELEMENTS = 1 << 20  # elements of one (n, K) block
+CHUNK_ELEMENTS = 1 << 20  # on the CPU: elements of one (n, K) block, sized for its caches
+DEVICE_CHUNK_ELEMENTS = 1 << 22
+"""On an accelerator: elements of one (n, K) block. There the chunk sets the number of kernel launches, which
+bound an eager step: the 4096² Linear's eager CUDA step (K = 64, 2,048 tokens, H200) took 792, 232 and 64 ms at
+2^18, 2^20 and 2^22 (8,900 launches a step at 2^20), its peak memory 675, 708 and 974 MiB (docs/method.md,
+"Session 33"). The extra memory is O(chunk), not O(T)."""
+
+
+def chunk_elements(device: torch.device) -> int:
+    """The elements of one (n, K) block on ``device``: :data:`CHUNK_ELEMENTS` on the CPU, else
+    :data:`DEVICE_CHUNK_ELEMENTS`."""
+    return CHUNK_ELEMENTS if device.type == "cpu" else DEVICE_CHUNK_ELEMENTS
 
 
 @dataclass(frozen=True)
@@ -47,8 +58,8 @@ class PosteriorSpec:
     prior_keep: float | None = None  # λ of the spike-and-slab prior; None: no Bernoulli KL (Gaussian prior)
 
 
-def _chunk_ranges(numel: int, num_components: int) -> Iterator[tuple[int, int]]:
-    step = max(1, CHUNK_ELEMENTS // num_components)
+def _chunk_ranges(numel: int, num_components: int, device: torch.device) -> Iterator[tuple[int, int]]:
+    step = max(1, chunk_elements(device) // num_components)
     for start in range(0, numel, step):
         yield start, min(numel, start + step)
 
@@ -61,9 +72,9 @@ def _log_density_rows(th, wid, means, log_stds, log_mix):
 
 @torch.no_grad()
 def responsibility_blocks(theta, window_ids, means, log_stds, mixing_logits, kind, temperature):
-    """Yield ``(start, end, log_phi)`` blocks of CHUNK_ELEMENTS // K weights covering all weights."""
+    """Yield ``(start, end, log_phi)`` blocks of :func:`chunk_elements` // K weights covering all weights."""
     log_mix = F.log_softmax(mixing_logits, dim=-1)
-    for a, b in _chunk_ranges(theta.numel(), means.shape[1]):
+    for a, b in _chunk_ranges(theta.numel(), means.shape[1], theta.device):
         q = _log_density_rows(theta[a:b], window_ids[a:b].long(), means, log_stds, log_mix)
         yield a, b, log_responsibilities(q, kind, temperature)
 
@@ -76,7 +87,7 @@ def certified_levels(theta, window_ids, means, log_stds, mixing_logits, kind, te
     table = bin_table(theta, window_ids, means, log_stds, log_mix, kind, temperature)
     kstar = torch.empty(theta.shape, dtype=torch.uint8, device=theta.device)
     certified = torch.empty(theta.shape, dtype=torch.bool, device=theta.device)
-    for a, b in _chunk_ranges(theta.numel(), 1):
+    for a, b in _chunk_ranges(theta.numel(), 1, theta.device):
         kstar[a:b], _, certified[a:b] = certify_one_hot(theta[a:b], window_ids[a:b], table)
     return kstar, certified
 
@@ -84,11 +95,12 @@ def certified_levels(theta, window_ids, means, log_stds, mixing_logits, kind, te
 @torch.no_grad()
 def uncertain_log_responsibilities(theta, window_ids, certified, means, log_stds, mixing_logits, kind, temperature):
     """Yield ``(flat index (n,), log φ (n, K), k* (n,))`` blocks covering the weights that are not certified,
-    CHUNK_ELEMENTS // K at a time. k* = argmax_k log(π_k N_k(θ)): φ_k is increasing in π_k N_k for either kind,
+    :func:`chunk_elements` // K at a time. k* = argmax_k log(π_k N_k(θ)): φ_k is increasing in π_k N_k for either kind,
     so this is argmax_k φ_k exactly, also where float32 φ ties (a weight far from every component, whose
     paper φ rounds to uniform: argmax of φ would take the window's first level, however far it is)."""
     log_mix = F.log_softmax(mixing_logits, dim=-1)
-    for index in torch.split(flat_indices(certified, test=torch.logical_not), max(1, CHUNK_ELEMENTS // means.shape[1])):
+    step = max(1, chunk_elements(theta.device) // means.shape[1])
+    for index in torch.split(flat_indices(certified, test=torch.logical_not), step):
         q = _log_density_rows(theta[index], window_ids[index].long(), means, log_stds, log_mix)
         yield index, log_responsibilities(q, kind, temperature), q.argmax(-1)
 
@@ -142,11 +154,11 @@ class _PosteriorMoments(torch.autograd.Function):
         tables = NearbyTables.build(means, log_stds, log_mix, second) if table.any_lumpable else None
         blocks: list[tuple[int, int]] = []  # (chunk start, width) of each block of uncovered weights
         block_indices: list[torch.Tensor] = []  # its indices within the chunk, int32, kept for backward
-        for a, b in _chunk_ranges(theta.numel(), 1):
+        for a, b in _chunk_ranges(theta.numel(), 1, theta.device):
             th, wid = theta[a:b], window_ids[a:b]
             ks, m, cls = classify(th, wid, table)
             s = _level_second_moment(m, _flat_index(wid, ks, k), log_stds) if second else None
-            for u, width in uncovered_blocks(cls, table, k, CHUNK_ELEMENTS):
+            for u, width in uncovered_blocks(cls, table, k, chunk_elements(theta.device)):
                 th_u, wid_u = th.index_select(0, u), wid.index_select(0, u).long()  # 3× faster than th[u]
                 if width:
                     assert tables is not None  # a width only where the table has lumpable bins
@@ -193,7 +205,7 @@ class _PosteriorMoments(torch.autograd.Function):
         g_gate = torch.empty_like(gate_logits)
         k = means.shape[1]
         nearby = TableGradients(leaves, second) if ctx.table.any_lumpable else None
-        for a, b in _chunk_ranges(theta.numel(), 1):
+        for a, b in _chunk_ranges(theta.numel(), 1, theta.device):
             wid = window_ids[a:b]
             scaled, lam_raw, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
             gm, gv = grad_mean[a:b], (grad_var[a:b] if second else None)
