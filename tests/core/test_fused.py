@@ -85,7 +85,8 @@ def test_compiled_values_and_gradients_match_eager(small_chunks, case):
     eager, compiled = _posterior(settings, False), _posterior(settings, True)
     fraction = compiled.certified_fraction()
     assert 0.2 < fraction < 1.0  # both the certified and the uncovered paths run
-    assert set(uncovered_counts(compiled)) == ({0, *NEARBY_WIDTHS} if nearby else {0})  # every kind of block runs
+    widths = {w for w in NEARBY_WIDTHS if w < settings["num_components"]}  # K = 20: all but 32
+    assert set(uncovered_counts(compiled)) == ({0, *widths} if nearby else {0})  # every kind of block runs
     before = {name: kernel.calls for name, kernel in _fused.KERNELS.items()}
     want, want_kstar = _values_and_grads(eager, second)
     got, got_kstar = _values_and_grads(compiled, second)
@@ -105,6 +106,31 @@ def test_compiled_values_and_gradients_match_eager(small_chunks, case):
     for index, (a, b) in enumerate(zip(got, want, strict=True)):
         atol = (1e-10 if index in theta_grads else 1e-11) * max(float(b.abs().max()), 1.0)
         torch.testing.assert_close(a, b, rtol=1e-9, atol=atol, msg=f"output {index}")
+
+
+@pytest.mark.parametrize("second", [False, True])
+def test_compiled_matches_eager_on_bins_of_every_nearby_width(monkeypatch, second):
+    """Components about as wide as the gaps between them (K = 64, the paper's formula): most weights are
+    uncovered, in bins of every nearby width, 32 included (those bins' components come from a topk of their own,
+    onehot._nearby_table); values, k* and gradients of both paths agree."""
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 1024)  # several chunks, each with blocks of every width
+    posteriors = []
+    for compiled in (False, True):
+        g = torch.Generator().manual_seed(3)
+        w = torch.randn(60, 50, generator=g, dtype=torch.float64) * 0.1
+        config = sqs.SQSConfig(num_components=64, windows="outlier", temperature=5e-4, compile_kernels=compiled)
+        p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
+        with torch.no_grad():
+            p.log_stds.add_(0.8)
+            p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=torch.float64))
+            p.mask.view(-1)[::7] = False
+        posteriors.append(p)
+    counts = uncovered_counts(posteriors[1])
+    assert all(counts.get(width, 0) > 10 for width in NEARBY_WIDTHS), counts
+    (want, want_kstar), (got, got_kstar) = (_values_and_grads(p, second) for p in posteriors)
+    assert torch.equal(got_kstar, want_kstar)
+    for index, (a, b) in enumerate(zip(got, want, strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * max(float(b.abs().max()), 1.0), msg=f"output {index}")
 
 
 def test_compiled_path_limits_match_eager(small_chunks):

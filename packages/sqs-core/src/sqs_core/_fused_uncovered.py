@@ -7,7 +7,7 @@ of a block of weights in lumpable bins, which gathers its own inputs; backward's
 recomputation with the hand-derived gradient. And the per-block glue FusedPosteriorMoments calls:
 ``nearby_block`` and ``full_block`` in forward, ``block_gradients`` in backward (``unpack_blocks`` rebuilds
 the blocks from the saved tensors); ``bin_scalars``, the bin table's floats as inputs of onehot.bin_of in a
-kernel.
+kernel. Blocks wider than :data:`UNROLLED_MAX` run sqs_core._nearby's eager evaluation instead.
 """
 
 from __future__ import annotations
@@ -17,10 +17,17 @@ import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
 from ._fused_nearby import nearby_rows, nearby_rows_vjp
-from ._nearby import NearbyTables
+from ._nearby import NearbyTables, nearby_moments, nearby_vjp
 from .chunked import _flat_index, _gate_probs, _variance, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP, flush_subnormals, flush_subnormals_
 from .onehot import bin_of
+
+UNROLLED_MAX = 16
+"""The widest block of nearby components evaluated by the unrolled kernels; wider ones (onehot.NEARBY = 32) take
+the eager (width, n) evaluation of sqs_core._nearby. Unrolled, width 32's forward and backward kernels took
+172 and 295 s to compile in float32 (longer in float64) on session 33's Intel Xeon, against 10–20 s for width
+16; eagerly its weights took 1.25 µs each (forward and backward) against 0.81 µs compiled, and 3.3 µs on all
+K = 64 components, where they went before width 32 existed (docs/method.md, "Session 33")."""
 
 __all__ = ["KERNELS", "bin_scalars", "block_gradients", "full_block", "nearby_block", "unpack_blocks"]
 
@@ -129,6 +136,8 @@ def nearby_block(u, inputs, lookup, nearby: NearbyTables, spec, kl_table):
     (θ^avg, Var or None, k*, KL correction or None, bins)."""
     theta, gate_logits, _, _, mask, window_ids, kstar = inputs
     k = nearby.k
+    if lookup[0].shape[1] > UNROLLED_MAX:
+        return _wide_forward(u.long(), inputs, lookup, nearby, spec, kl_table)
     tables, totals = list(nearby.columns), (nearby.total_mu, nearby.total_sq)
     lumped = float(k - lookup[0].shape[1])
     scalars = (
@@ -140,6 +149,27 @@ def nearby_block(u, inputs, lookup, nearby: NearbyTables, spec, kl_table):
     )
     args = (theta, gate_logits, mask, window_ids, kstar, lookup, tables, totals, scalars, kl_table)
     return KERNELS["_nearby_forward"](u, *args)
+
+
+def _wide_forward(u, inputs, lookup, nearby: NearbyTables, spec, kl_table):
+    """:func:`nearby_block` for a block wider than :data:`UNROLLED_MAX`, by sqs_core._nearby (eager), the
+    weights ``u`` int64."""
+    theta, gate_logits, _, _, mask, window_ids, kstar = inputs
+    th, wid = theta.index_select(0, u), window_ids.index_select(0, u).long()
+    bins = bin_of(th, lookup[1], lookup[2], lookup[0].shape[0])
+    m, s, levels = nearby_moments(th, wid, _wide_components(lookup[0], bins), nearby, spec.temperature)
+    lam = _gate_probs(gate_logits.index_select(0, u), mask.index_select(0, u), spec.gate_temperature)[2]
+    var = None if s is None else flush_subnormals_(_variance(lam, m, s, spec.spike_variance))
+    correction = None
+    if kl_table is not None:
+        flat_before = _flat_index(wid, kstar.index_select(0, u), nearby.k)
+        correction = _kl_correction(kl_table, _flat_index(wid, levels, nearby.k), flat_before, lam)
+    return flush_subnormals_(lam * m), var, levels, correction, bins
+
+
+def _wide_components(table, bins):
+    """(width, n) int64 flat component indices of the weights in ``bins`` (int32) from the (B, width) table."""
+    return table.index_select(0, bins).t().to(torch.int64, memory_format=torch.contiguous_format)
 
 
 def full_block(u, inputs, log_mix, spec, second, kl_table):
@@ -194,6 +224,8 @@ def _nearby_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
     gradients (float64) are summed into the tables by ``nearby``'s TableGradients, which takes them to the
     (W, K) parameters once per backward."""
     table, table_grads = nearby
+    if table.shape[1] > UNROLLED_MAX:
+        return _wide_gradients(g_theta, g_gate, u.long(), bins, inputs, nearby, spec)
     tau = _scalar(spec.gate_temperature)
     th, wid, lam, lam_raw, gm, gv, components = KERNELS["_nearby_inputs"](u, bins, *inputs, table, tau)
     tables = table_grads.tables
@@ -206,3 +238,23 @@ def _nearby_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
     if g_theta is not None:
         g_theta[u] = g_th.to(g_theta.dtype)  # index_copy_ takes int64 indices only
     g_gate.index_add_(0, u, g_gate_u)
+
+
+def _wide_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
+    """:func:`_nearby_gradients` of a block wider than :data:`UNROLLED_MAX`, by sqs_core._nearby (eager), the
+    weights ``u`` int64."""
+    table, table_grads = nearby
+    theta, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
+    tau = spec.gate_temperature
+    _, lam_raw, lam = _gate_probs(gate_logits.index_select(0, u), mask.index_select(0, u), tau)
+    th, wid, gm = theta.index_select(0, u), window_ids.index_select(0, u).long(), grad_mean.index_select(0, u)
+    gv = None if grad_var is None else grad_var.index_select(0, u)
+    components = _wide_components(table, bins)
+    m, s, g_th, column_grads, total_grads = nearby_vjp(
+        th, wid, components, table_grads.tables, spec.temperature, gm, gv, lam
+    )
+    table_grads.add(components, wid, column_grads, total_grads)
+    if g_theta is not None:
+        g_theta.index_copy_(0, u, g_th.to(g_theta.dtype))
+    dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
+    g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / tau)

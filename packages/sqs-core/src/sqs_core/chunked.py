@@ -131,8 +131,8 @@ class _PosteriorMoments(torch.autograd.Function):
     """θ^avg_i = λ̃_i Σ_k φ_ik μ_k and (optionally) Var_q(θ̃_i); also k*_i = argmax_k φ_ik.
 
     Weights certified one-hot (:mod:`sqs_core.onehot`) cost O(1) each: θ^avg = λ̃ μ_{k*}, and their
-    gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest are evaluated on their bin's 4, 8 or
-    16 nearby components plus one lumped term where the paper's formula allows it exactly (sqs_core._nearby,
+    gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest are evaluated on their bin's 4, 8,
+    16 or 32 nearby components plus one lumped term where the paper's formula allows it exactly (sqs_core._nearby,
     its backward derived by hand), else on all K (autograd); both recomputed in backward, at the indices the
     forward found (kept as int32). Windows are handled by gathering each weight's row of (W, K) parameters.
     With ``component_kl`` the gate KL (eq. approx_elbo) at these k* is summed in the same chunk loop and
