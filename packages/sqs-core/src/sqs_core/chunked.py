@@ -35,8 +35,9 @@ __all__ = [
 CHUNK_ELEMENTS = 1 << 20  # on the CPU: elements of one (n, K) block, sized for its caches
 DEVICE_CHUNK_ELEMENTS = 1 << 22
 """On an accelerator: elements of one (n, K) block. There the chunk sets the number of kernel launches, which
-bound an eager step: the 4096² Linear's eager CUDA step (K = 64, 2,048 tokens, H200) took 792, 232 and 64 ms at
-2^18, 2^20 and 2^22 (8,900 launches a step at 2^20), its peak memory 675, 708 and 974 MiB (docs/method.md,
+bound an eager step: the 4096² Linear's eager CUDA step (K = 64, 2,048 tokens, H200) took 157, 77, 52.5, 28.8 and
+20.7 ms at 2^20 … 2^24 (8,900 launches a step at 2^20), its peak memory 1.36, 1.52, 1.90, 2.57 and 3.88× a plain
+step's; the compiled step 40.3, 24.8 and 24.1 ms at 2^20, 2^22 and 2^24, peak 1.38, 1.58 and 1.99× (docs/method.md,
 "Session 33"). The extra memory is O(chunk), not O(T)."""
 
 
