@@ -154,17 +154,25 @@ def nearby_block(u, inputs, lookup, nearby: NearbyTables, spec, kl_table):
 def _wide_forward(u, inputs, lookup, nearby: NearbyTables, spec, kl_table):
     """:func:`nearby_block` for a block wider than :data:`UNROLLED_MAX`, by sqs_core._nearby (eager), the
     weights ``u`` int64."""
-    theta, gate_logits, _, _, mask, window_ids, kstar = inputs
+    theta, window_ids = inputs[0], inputs[5]
     th, wid = theta.index_select(0, u), window_ids.index_select(0, u).long()
     bins = bin_of(th, lookup[1], lookup[2], lookup[0].shape[0])
     m, s, levels = nearby_moments(th, wid, _wide_components(lookup[0], bins), nearby, spec.temperature)
+    return *_eager_block_outputs(u, wid, (m, s, levels), inputs, spec, nearby.k, kl_table), bins
+
+
+def _eager_block_outputs(u, wid, moments, inputs, spec, k, kl_table):
+    """θ^avg, Var or None, k* and the gate-KL correction (or None) of weights ``u`` (windows ``wid``) from their
+    eagerly evaluated ``moments`` (m, s or None, k*): the gate, Var and the correction as the kernels form them."""
+    _, gate_logits, _, _, mask, _, kstar = inputs
+    m, s, levels = moments
     lam = _gate_probs(gate_logits.index_select(0, u), mask.index_select(0, u), spec.gate_temperature)[2]
     var = None if s is None else flush_subnormals_(_variance(lam, m, s, spec.spike_variance))
     correction = None
     if kl_table is not None:
-        flat_before = _flat_index(wid, kstar.index_select(0, u), nearby.k)
-        correction = _kl_correction(kl_table, _flat_index(wid, levels, nearby.k), flat_before, lam)
-    return flush_subnormals_(lam * m), var, levels, correction, bins
+        flat_before = _flat_index(wid, kstar.index_select(0, u), k)
+        correction = _kl_correction(kl_table, _flat_index(wid, levels, k), flat_before, lam)
+    return flush_subnormals_(lam * m), var, levels, correction
 
 
 def _wide_components(table, bins):
@@ -175,18 +183,11 @@ def _wide_components(table, bins):
 def full_block(u, inputs, log_mix, spec, second, kl_table):
     """θ^avg, Var or None, k*, the gate-KL correction (or None) and None (no bins) of uncovered weights ``u``
     on all K."""
-    theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
-    wid = window_ids[u].long()
-    m, s, levels = _full_eval(theta[u], wid, means, log_stds, log_mix, spec, second)
-    lam = _gate_probs(gate_logits[u], mask[u], spec.gate_temperature)[2]
-    var = None if s is None else flush_subnormals_(_variance(lam, m, s, spec.spike_variance))
-    k = means.shape[1]
-    correction = (
-        None
-        if kl_table is None
-        else _kl_correction(kl_table, _flat_index(wid, levels, k), _flat_index(wid, kstar[u], k), lam)
-    )
-    return flush_subnormals_(lam * m), var, levels, correction, None
+    theta, _, means, log_stds, _, window_ids, _ = inputs
+    u = u.long()
+    wid = window_ids.index_select(0, u).long()
+    moments = _full_eval(theta.index_select(0, u), wid, means, log_stds, log_mix, spec, second)
+    return *_eager_block_outputs(u, wid, moments, inputs, spec, means.shape[1], kl_table), None
 
 
 def unpack_blocks(tensors, widths):
@@ -214,8 +215,15 @@ def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearb
         return _full_eval(th_leaf, wid, leaves[0], leaves[1], log_mix, spec, second)
 
     m, s = recomputed_grads(param_grads, g_theta, (0, u), leaves, th, evaluate, gm, gv, lam)
+    _add_gate_grads(g_gate, u, (gm, gv), (m, s), lam, lam_raw, spec)
+
+
+def _add_gate_grads(g_gate, u, cotangents, moments, lam, lam_raw, spec):
+    """Add the moments' part of ∂/∂s̃ of weights ``u`` to ``g_gate``: ∂L/∂λ̃ · λ̃ (1 − λ̃)/τ' from ``cotangents``
+    (∂L/∂θ^avg, ∂L/∂Var or None) and ``moments`` (m, s), λ̃ masked and raw (chunked._PosteriorMoments' formula)."""
+    (gm, gv), (m, s) = cotangents, moments
     dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
-    g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / tau)
+    g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / spec.gate_temperature)
 
 
 def _nearby_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
@@ -256,5 +264,4 @@ def _wide_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
     table_grads.add(components, wid, column_grads, total_grads)
     if g_theta is not None:
         g_theta.index_copy_(0, u, g_th.to(g_theta.dtype))
-    dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
-    g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / tau)
+    _add_gate_grads(g_gate, u, (gm, gv), (m, s), lam, lam_raw, spec)
