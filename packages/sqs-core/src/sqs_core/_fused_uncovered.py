@@ -17,10 +17,10 @@ import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
 from ._fused_nearby import nearby_rows, nearby_rows_vjp
-from ._nearby import NearbyTables, nearby_moments, nearby_vjp
-from .chunked import _flat_index, _gate_probs, _variance, recomputed_grads
+from ._nearby import NearbyTables, nearby_moments
+from .chunked import _flat_index, _gate_probs, _Uncovered, _variance, nearby_grads, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP, flush_subnormals, flush_subnormals_
-from .onehot import bin_of
+from .onehot import bin_of, components_of_bins
 
 UNROLLED_MAX = 16
 """The widest block of nearby components evaluated by the unrolled kernels; wider ones (onehot.NEARBY = 32) take
@@ -157,7 +157,7 @@ def _wide_forward(u, inputs, lookup, nearby: NearbyTables, spec, kl_table):
     theta, window_ids = inputs[0], inputs[5]
     th, wid = theta.index_select(0, u), window_ids.index_select(0, u).long()
     bins = bin_of(th, lookup[1], lookup[2], lookup[0].shape[0])
-    m, s, levels = nearby_moments(th, wid, _wide_components(lookup[0], bins), nearby, spec.temperature)
+    m, s, levels = nearby_moments(th, wid, components_of_bins(lookup[0], bins), nearby, spec.temperature)
     return *_eager_block_outputs(u, wid, (m, s, levels), inputs, spec, nearby.k, kl_table), bins
 
 
@@ -173,11 +173,6 @@ def _eager_block_outputs(u, wid, moments, inputs, spec, k, kl_table):
         flat_before = _flat_index(wid, kstar.index_select(0, u), k)
         correction = _kl_correction(kl_table, _flat_index(wid, levels, k), flat_before, lam)
     return flush_subnormals_(lam * m), var, levels, correction
-
-
-def _wide_components(table, bins):
-    """(width, n) int64 flat component indices of the weights in ``bins`` (int32) from the (B, width) table."""
-    return table.index_select(0, bins).t().to(torch.int64, memory_format=torch.contiguous_format)
 
 
 def full_block(u, inputs, log_mix, spec, second, kl_table):
@@ -253,15 +248,9 @@ def _wide_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
     weights ``u`` int64."""
     table, table_grads = nearby
     theta, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
-    tau = spec.gate_temperature
-    _, lam_raw, lam = _gate_probs(gate_logits.index_select(0, u), mask.index_select(0, u), tau)
+    _, lam_raw, lam = _gate_probs(gate_logits.index_select(0, u), mask.index_select(0, u), spec.gate_temperature)
     th, wid, gm = theta.index_select(0, u), window_ids.index_select(0, u).long(), grad_mean.index_select(0, u)
     gv = None if grad_var is None else grad_var.index_select(0, u)
-    components = _wide_components(table, bins)
-    m, s, g_th, column_grads, total_grads = nearby_vjp(
-        th, wid, components, table_grads.tables, spec.temperature, gm, gv, lam
-    )
-    table_grads.add(components, wid, column_grads, total_grads)
-    if g_theta is not None:
-        g_theta.index_copy_(0, u, g_th.to(g_theta.dtype))
+    block = _Uncovered(0, u, wid, th, gm, gv, lam)
+    m, s = nearby_grads(g_theta, block, components_of_bins(table, bins), table_grads, spec)
     _add_gate_grads(g_gate, u, (gm, gv), (m, s), lam, lam_raw, spec)

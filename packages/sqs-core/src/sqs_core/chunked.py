@@ -222,7 +222,8 @@ class _PosteriorMoments(torch.autograd.Function):
                 block = _Uncovered.gather(a, u, wid, theta[a:b], gm, gv, lam)
                 if width:
                     assert nearby is not None  # a width only where the table has lumpable bins
-                    m_u, s_u = _nearby_grads(g_theta, block, ctx.table, width, nearby, spec)
+                    flat_u = bin_components(ctx.table, block.theta, width)
+                    m_u, s_u = nearby_grads(g_theta, block, flat_u, nearby, spec)
                 else:
                     m_u, s_u = _full_grads(param_grads, g_theta, block, leaves, spec)
                 m.index_copy_(0, u, m_u)
@@ -349,10 +350,10 @@ def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, spec):
     return recomputed_grads(param_grads, g_theta, where, leaves, block.theta, evaluate, gm, gv, block.lam)
 
 
-def _nearby_grads(g_theta, block: _Uncovered, bin_table, width, nearby: TableGradients, spec):
-    """The uncovered weights of ``block`` on their bins' ``width`` nearby components (sqs_core._nearby), their
-    gradients by hand: summed into ``nearby``, ∂/∂θ into ``g_theta`` (or None). Returns their (m, s) values."""
-    flat = bin_components(bin_table, block.theta, width)
+def nearby_grads(g_theta, block: _Uncovered, flat, nearby: TableGradients, spec):
+    """The uncovered weights of ``block`` on their nearby components, the (width, n) flat indices ``flat``
+    (sqs_core._nearby), their gradients by hand: summed into ``nearby``, ∂/∂θ into ``g_theta`` (or None). Returns
+    their (m, s) values."""
     args = (block.theta, block.wid, flat, nearby.tables, spec.temperature, block.grad_mean, block.grad_var, block.lam)
     m, s, g_th, column_grads, total_grads = nearby_vjp(*args)
     nearby.add(flat, block.wid, column_grads, total_grads)

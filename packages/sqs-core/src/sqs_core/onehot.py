@@ -50,6 +50,7 @@ __all__ = [
     "bin_table",
     "certify_one_hot",
     "classify",
+    "components_of_bins",
     "flat_indices",
     "lump_log_density",
     "owns_bin",
@@ -318,8 +319,12 @@ def flat_indices(
 def bin_components(table: BinTable, theta: torch.Tensor, width: int) -> torch.Tensor:
     """(width, n) int64 flat indices of the ``width`` largest-bound components of the bins of weights ``theta``
     (``width`` > 0): a column per component, as sqs_core._nearby evaluates them."""
-    rows = table.nearby[:, :width].index_select(0, bin_index(theta, table))
-    return rows.t().to(torch.int64, memory_format=torch.contiguous_format)
+    return components_of_bins(table.nearby[:, :width], bin_index(theta, table))
+
+
+def components_of_bins(nearby: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
+    """(width, n) int64 flat component indices of weights in ``bins`` from a (B, width) ``nearby`` table."""
+    return nearby.index_select(0, bins).t().to(torch.int64, memory_format=torch.contiguous_format)
 
 
 def owns_bin(table: BinTable, bins: torch.Tensor, window_ids: torch.Tensor) -> torch.Tensor | bool:
