@@ -13,7 +13,7 @@ import pytest
 import sqs_core as sqs
 import torch
 from sqs_core import _fused, chunked
-from sqs_core.onehot import NEARBY_WIDTHS
+from sqs_core.onehot import ALL_LUMPED, NEARBY_WIDTHS
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
 from uncovered import evaluated_components, log_densities64, uncovered_counts
@@ -108,11 +108,13 @@ def test_compiled_values_and_gradients_match_eager(small_chunks, case):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=atol, msg=f"output {index}")
 
 
+@pytest.mark.parametrize("widen", [0.8, -2.5])
 @pytest.mark.parametrize("second", [False, True])
-def test_compiled_matches_eager_on_bins_of_every_nearby_width(monkeypatch, second):
-    """Components about as wide as the gaps between them (K = 64, the paper's formula): most weights are
-    uncovered, in bins of every nearby width, 32 included (those bins' components come from a topk of their own,
-    onehot._nearby_table); values, k* and gradients of both paths agree."""
+def test_compiled_matches_eager_on_bins_of_every_nearby_width(monkeypatch, second, widen):
+    """Components about as wide as the gaps between them (K = 64, the paper's formula, log σ + ``widen`` = 0.8):
+    most weights are uncovered, in bins of every nearby width, 32 included (those bins' components come from a
+    topk of their own, onehot._nearby_table); narrow ones (−2.5): most in bins of width 4 or where every
+    component is lumped (onehot.ALL_LUMPED). Values, k* and gradients of both paths agree."""
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 1024)  # several chunks, each with blocks of every width
     posteriors = []
     for compiled in (False, True):
@@ -121,12 +123,13 @@ def test_compiled_matches_eager_on_bins_of_every_nearby_width(monkeypatch, secon
         config = sqs.SQSConfig(num_components=64, windows="outlier", temperature=5e-4, compile_kernels=compiled)
         p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
         with torch.no_grad():
-            p.log_stds.add_(0.8)
+            p.log_stds.add_(widen)
             p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=torch.float64))
             p.mask.view(-1)[::7] = False
         posteriors.append(p)
     counts = uncovered_counts(posteriors[1])
-    assert all(counts.get(width, 0) > 10 for width in NEARBY_WIDTHS), counts
+    kinds = NEARBY_WIDTHS if widen > 0 else (4, ALL_LUMPED)
+    assert all(counts.get(width, 0) > (10 if widen > 0 else 500) for width in kinds), counts
     (want, want_kstar), (got, got_kstar) = (_values_and_grads(p, second) for p in posteriors)
     assert torch.equal(got_kstar, want_kstar)
     for index, (a, b) in enumerate(zip(got, want, strict=True)):

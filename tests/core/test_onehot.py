@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from sqs_core import _nearby, chunked, onehot
 from sqs_core.mixture import component_log_density, log_responsibilities
 from sqs_core.onehot import (
+    ALL_LUMPED,
     CERTIFY_MARGIN,
     NEARBY_WIDTHS,
     bin_table,
@@ -109,7 +110,8 @@ def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, wi
     """Under the paper's formula a weight far from every component has a near-uniform φ (not certified);
     when all but 4, 8, 16 or 32 (NEARBY_WIDTHS) components have e^{π N} = 1 in the working precision it is
     evaluated on those and one lumped term. Narrower components (``narrowing``: log σ shift) leave fewer
-    that matter: 2.5 puts every such weight in a bin of width 4; −0.8 (wider) spreads them over bins of
+    that matter: 2.5 puts every such weight in a bin of width 4 or where every component is lumped
+    (onehot.ALL_LUMPED: φ = 1/K, m = Σ_k μ_k / K); −0.8 (wider) spreads them over bins of
     every width; −1.0 leaves more than 32 in some bins (all K) beside many of width 32. With ``train_weight``
     the gradient reaches θ too."""
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 256)
@@ -127,6 +129,8 @@ def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, wi
     counts = uncovered_counts(p)
     near = {w: counts[w] for w in NEARBY_WIDTHS}
     assert sum(near.values()) > 100  # the nearby path is exercised
+    if narrowing == 2.5:
+        assert counts[ALL_LUMPED] > 50, counts
     if narrowing == -0.8:
         assert all(count > 10 for count in near.values()), near  # at every width
     if narrowing == -1.0:

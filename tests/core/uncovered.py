@@ -6,7 +6,7 @@ from collections import Counter
 import torch
 import torch.nn.functional as F
 from sqs_core import chunked
-from sqs_core.onehot import bin_components, bin_table, classify, uncovered_blocks
+from sqs_core.onehot import bin_components, bin_table, classify, columns_of, uncovered_blocks
 
 
 def _blocks(p):
@@ -20,7 +20,8 @@ def _blocks(p):
 
 
 def uncovered_counts(p) -> Counter:
-    """Weights per block width (0: all K) among the blocks of weights the certificate does not cover."""
+    """Weights per block width (0: all K, onehot.ALL_LUMPED: every component lumped) among the blocks of weights
+    the certificate does not cover."""
     counts: Counter = Counter()
     for u, width in _blocks(p)[2]:
         counts[width] += int(u.numel())
@@ -29,13 +30,14 @@ def uncovered_counts(p) -> Counter:
 
 def evaluated_components(p) -> torch.Tensor:
     """(T, K) bool: the components of its window each weight is evaluated on, all K but for the weights of the
-    nearby path (sqs_core._nearby), which take their bin's ``width`` largest-bound ones."""
+    nearby path (sqs_core._nearby), which take their bin's ``width`` largest-bound ones (all-lumped weights:
+    the onehot.LUMPED_SCAN their k* is chosen from)."""
     theta, table, blocks = _blocks(p)
     k = p.num_components
     evaluated = torch.ones(theta.numel(), k, dtype=torch.bool)
     for u, width in blocks:
         if width:
-            columns = bin_components(table, theta[u], width) % k  # flat w·K + k → k
+            columns = bin_components(table, theta[u], columns_of(width)) % k  # flat w·K + k → k
             evaluated[u] = False
             evaluated[u[None, :].expand_as(columns), columns] = True
     return evaluated

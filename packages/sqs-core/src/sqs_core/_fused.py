@@ -12,7 +12,8 @@ weights: λ̃ = sigmoid(s̃/τ') (eq. lambda-prime), the one-hot certificate (:m
   chunked.chunk_elements weights;
 * the weights the certificate does not cover (sqs_core._fused_uncovered): in forward, a block of weights in
   lumpable bins is one kernel that gathers its inputs, looks up its bins' 4, 8, 16 or 32 nearby components and evaluates
-  φ with the loop over components unrolled; the other uncovered weights, φ on all K with the components
+  φ with the loop over components unrolled (a block of weights whose every component is lumped: m = Σ_k μ_k / K,
+  one kernel forward and one backward); the other uncovered weights, φ on all K with the components
   along the first dimension so that the reductions over k vectorise along the weights. Backward recomputes
   both: a nearby block by one input kernel and one ``torch.func.vjp`` kernel that gathers its own columns of
   the (W, K) tables, a full block from eagerly gathered columns, values and gradients by AOTAutograd;
@@ -39,7 +40,7 @@ import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
-from ._fused_uncovered import bin_scalars, block_gradients, full_block, nearby_block, unpack_blocks
+from ._fused_uncovered import bin_scalars, block_gradients, full_block, lumped_gradients, nearby_block, unpack_blocks
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients
 from .chunked import (
@@ -54,7 +55,7 @@ from .chunked import (
     kl_grad,
 )
 from .mixture import bernoulli_kl_terms, exp_floor, flush_subnormals
-from .onehot import CERTIFIED, _bin_bounds, bin_of, bin_table, uncovered_blocks
+from .onehot import ALL_LUMPED, CERTIFIED, _bin_bounds, bin_of, bin_table, columns_of, uncovered_blocks
 
 __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
 
@@ -305,8 +306,8 @@ class FusedPosteriorMoments(torch.autograd.Function):
         for u, width in blocks:
             if width:
                 assert tables is not None  # a width only where the table has lumpable bins
-                lookup = (table.nearby[:, :width], *scalars)  # the block's (B, width) components, bin_of's floats
-                results = nearby_block(u, inputs, lookup, tables, spec, kl_table)
+                lookup = (table.nearby[:, : columns_of(width)], *scalars)  # (B, columns) components, bin_of's floats
+                results = nearby_block(u, width, inputs, lookup, tables, spec, kl_table)
             else:
                 results = full_block(u, inputs, log_mix, spec, second, kl_table)
             mean_u, var_u, levels, correction, bins = results
@@ -339,6 +340,9 @@ class FusedPosteriorMoments(torch.autograd.Function):
         nearby = rest[0]  # the bin table's (B, 16) nearby components; a block of width w uses the first w
         table_grads = TableGradients(leaves, ctx.second) if any(ctx.widths) else None
         for u, bins, width in unpack_blocks(rest[1:], ctx.widths):  # the uncovered weights: recomputed, as in chunked
+            if width == ALL_LUMPED:
+                lumped_gradients(g_gate, u, inputs, table_grads, spec)
+                continue
             components = (nearby[:, :width], table_grads) if width else None  # None: a full block (all K)
             block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, components, spec)
         if table_grads is not None:

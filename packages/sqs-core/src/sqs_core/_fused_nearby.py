@@ -22,7 +22,7 @@ import torch
 
 from .mixture import PAPER_CLAMP, exp_floor
 
-__all__ = ["nearby_rows", "nearby_rows_vjp"]
+__all__ = ["lumped_rows", "nearby_rows", "nearby_rows_vjp"]
 
 
 def _fold(op, rows):
@@ -42,9 +42,7 @@ def _stages(th, mu, inv_std, const, lumped_count, temperature):
     """The two softmaxes of eq. compute-phi-k on nearby rows: (θ − μ_c, z_c, q_c = log π_c N_c, the mask of q_c
     outside [exp_floor, 80], a_c = π_c N_c, x_c = φ'_c/τ, x_l, φ_c, φ_l); φ in float64, the rest in θ's dtype."""
     floor = exp_floor(th.dtype)
-    offset = [th - m for m in mu]
-    z = [o * i for o, i in zip(offset, inv_std, strict=True)]
-    q = [c - 0.5 * v * v for c, v in zip(const, z, strict=True)]
+    offset, z, q = _log_densities(th, mu, inv_std, const)
     clamped = [(v < floor) | (v > PAPER_CLAMP) for v in q]
     a = [torch.exp(v.clamp(floor, PAPER_CLAMP)) for v in q]
     top = _fold(torch.maximum, a).clamp(min=0.0)  # the lumped components' π N is 0
@@ -56,6 +54,22 @@ def _stages(th, mu, inv_std, const, lumped_count, temperature):
     f_l = torch.exp((x_l - top2).clamp(min=floor)).double()
     norm = 1.0 / (_total(f) + f_l * lumped_count)
     return offset, z, q, clamped, a, x, x_l, [v * norm for v in f], f_l * norm
+
+
+def _log_densities(th, mu, inv_std, const):
+    """(θ − μ_c, z_c, q_c = log π_c N_c) on nearby rows."""
+    offset = [th - m for m in mu]
+    z = [o * i for o, i in zip(offset, inv_std, strict=True)]
+    return offset, z, [c - 0.5 * v * v for c, v in zip(const, z, strict=True)]
+
+
+def _first_argmax(q):
+    """argmax_c q_c over rows (int32), the first of ties as torch.argmax."""
+    best, top_q = torch.zeros_like(q[0], dtype=torch.int32), q[0]
+    for c in range(1, len(q)):
+        better = q[c] > top_q
+        best, top_q = torch.where(better, c, best), torch.where(better, q[c], top_q)
+    return best
 
 
 def _moment(phi, phi_l, levels, total):
@@ -77,11 +91,14 @@ def nearby_rows(th, mu, inv_std, const, total_mu, total_sq, lumped_count, temper
     mu64 = [v.double() for v in mu]
     m = _moment(phi, phi_l, mu64, total_mu)[0]
     s = None if total_sq is None else _moment(phi, phi_l, _level_sq(mu64, inv_std), total_sq)[0]
-    best, top_q = torch.zeros_like(th, dtype=torch.int32), q[0]
-    for c in range(1, len(q)):  # argmax_c log π_c N_c (nearby._evaluate's k*), the first of ties as torch.argmax
-        better = q[c] > top_q
-        best, top_q = torch.where(better, c, best), torch.where(better, q[c], top_q)
-    return m, s, best
+    return m, s, _first_argmax(q)  # argmax_c log π_c N_c: nearby._evaluate's k*
+
+
+def lumped_rows(th, mu, inv_std, const, total_mu, total_sq, k):
+    """:func:`nearby_rows` of weights whose every component is lumped (sqs_core._nearby.lumped_moments): m and s
+    are the window's ``total_mu`` and ``total_sq`` over K = ``k`` (float64), the rows serve k* only."""
+    m, s = total_mu.double() / k, (None if total_sq is None else total_sq.double() / k)
+    return m, s, _first_argmax(_log_densities(th, mu, inv_std, const)[2])
 
 
 def nearby_rows_vjp(th, mu, inv_std, const, totals, lumped_count, temperature, cotangents):

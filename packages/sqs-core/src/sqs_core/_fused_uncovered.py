@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
-from ._fused_nearby import nearby_rows, nearby_rows_vjp
-from ._nearby import NearbyTables, nearby_moments
-from .chunked import _flat_index, _gate_probs, _Uncovered, _variance, nearby_grads, recomputed_grads
+from ._fused_nearby import lumped_rows, nearby_rows, nearby_rows_vjp
+from ._nearby import NearbyTables, _Uncovered, nearby_grads, nearby_moments
+from .chunked import _flat_index, _gate_probs, _variance, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP, flush_subnormals, flush_subnormals_
-from .onehot import bin_of, components_of_bins
+from .onehot import ALL_LUMPED, bin_of, components_of_bins
 
 UNROLLED_MAX = 16
 """The widest block of nearby components evaluated by the unrolled kernels; wider ones (onehot.NEARBY = 32) take
@@ -29,7 +29,15 @@ the eager (width, n) evaluation of sqs_core._nearby. Unrolled, width 32's forwar
 16; eagerly its weights took 1.25 µs each (forward and backward) against 0.81 µs compiled, and 3.3 µs on all
 K = 64 components, where they went before width 32 existed (docs/method.md, "Session 33")."""
 
-__all__ = ["KERNELS", "bin_scalars", "block_gradients", "full_block", "nearby_block", "unpack_blocks"]
+__all__ = [
+    "KERNELS",
+    "bin_scalars",
+    "block_gradients",
+    "full_block",
+    "lumped_gradients",
+    "nearby_block",
+    "unpack_blocks",
+]
 
 
 def _log_density_columns(th, mu, log_std, log_mix):
@@ -63,21 +71,44 @@ def _nearby_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tabl
     components (``lookup``: the (B, width) table, ``low``, ``inv_width``) looked up in the (W·K,) ``tables``
     (μ, 1/σ, log π − log σ − ½ log 2π) and :func:`_nearby_rows`, in one kernel (the forward needs no graph).
     ``totals``: (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: L, τ, τ', K, σ_0²."""
-    lumped, temperature, tau, k, spike_var = scalars
-    th, wid = theta[u], window_ids[u].int()  # int32 index arithmetic (chunked._flat_index)
+    lumped, temperature = scalars[:2]
+    th, wid, flat, bins, mu, inv_std, const = _gathered_rows(u, theta, window_ids, lookup, tables)
+    total_sq = None if totals[1] is None else totals[1][wid]
+    rows = nearby_rows(th, mu, inv_std, const, totals[0][wid], total_sq, lumped, temperature)  # float64 m, s
+    return *_rows_outputs(u, th, wid, flat, rows, gate_logits, mask, kstar, scalars[2:], kl_table), bins
+
+
+def _lumped_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tables, totals, scalars, kl_table):
+    """:func:`_nearby_forward` of weights in all-lumped bins (onehot.ALL_LUMPED; ``lookup``'s table: their
+    onehot.LUMPED_SCAN columns, for k*), by :func:`lumped_rows`; no bins returned (backward needs none)."""
+    th, wid, flat, _, mu, inv_std, const = _gathered_rows(u, theta, window_ids, lookup, tables)
+    total_sq = None if totals[1] is None else totals[1][wid]
+    rows = lumped_rows(th, mu, inv_std, const, totals[0][wid], total_sq, scalars[3])
+    return _rows_outputs(u, th, wid, flat, rows, gate_logits, mask, kstar, scalars[2:], kl_table)
+
+
+def _gathered_rows(u, theta, window_ids, lookup, tables):
+    """θ and window (int32: chunked._flat_index's arithmetic) of weights ``u``, their bins' flat component
+    indices (one row per column of ``lookup``'s table), their bins, and the μ, 1/σ, const rows."""
+    th, wid = theta[u], window_ids[u].int()
     table, low, inv_width = lookup
     bins = bin_of(th, low, inv_width, table.shape[0])
     flat = [table[:, c][bins] for c in range(table.shape[1])]
     mu, inv_std, const = ([t[i] for i in flat] for t in tables)
-    total_sq = None if totals[1] is None else totals[1][wid]
-    m, s, pos = nearby_rows(th, mu, inv_std, const, totals[0][wid], total_sq, lumped, temperature)  # float64 m, s
+    return th, wid, flat, bins, mu, inv_std, const
+
+
+def _rows_outputs(u, th, wid, flat, rows, gate_logits, mask, kstar, scalars, kl_table):
+    """θ^avg, Var or None, k* (uint8) and the gate-KL correction (or None) from ``rows`` = (m, s or None, the
+    position of k* among ``flat``); ``scalars``: τ', K, σ_0²."""
+    (m, s, pos), (tau, k, spike_var) = rows, scalars
     best = flat[0]
     for c in range(1, len(flat)):
         best = torch.where(pos == c, flat[c], best)
     lam = _gate_probs(gate_logits[u], mask[u], tau)[2]
     var = None if s is None else flush_subnormals(_variance(lam.double(), m, s, spike_var).to(th.dtype))
     correction = None if kl_table is None else _kl_correction(kl_table, best, _flat_index(wid, kstar[u], k), lam)
-    return flush_subnormals((lam * m).to(th.dtype)), var, (best - wid * k).to(torch.uint8), correction, bins
+    return flush_subnormals((lam * m).to(th.dtype)), var, (best - wid * k).to(torch.uint8), correction
 
 
 def _kl_correction(kl_table, flat, flat_before, lam):
@@ -118,7 +149,28 @@ def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars):
     return g_gate, g_th, *(torch.stack(g) for g in (g_mu, g_inv, g_const)), *total_grads
 
 
-KERNELS = {fn.__name__: _Kernel(fn) for fn in (_full_columns, _nearby_forward, _nearby_inputs, _nearby_vjp)}
+def _lumped_backward(u, gate_logits, mask, window_ids, grad_mean, grad_var, totals, scalars):
+    """Backward of weights in all-lumped bins in one kernel (sqs_core._nearby.lumped_vjp): (the moments' part of
+    ∂/∂s̃, their windows (int64), ∂/∂Σμ and, with ∂L/∂Var = ``grad_var``, ∂/∂Σ(μ² + σ²) float64); ∂/∂θ is 0.
+    ``totals``: the (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: τ', K, σ_0²."""
+    tau, k, spike_var = scalars
+    _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
+    wid, lam64 = window_ids[u].long(), lam.double()
+    m, gm = totals[0][wid].double() / k, grad_mean[u].double()
+    grad_m, dlam, total_grads = gm * lam64, gm * m, []
+    if grad_var is not None:
+        s, gv = totals[1][wid].double() / k, grad_var[u].double()
+        grad_m = grad_m - 2 * gv * lam64 * lam64 * m
+        dlam = dlam + gv * (s - 2 * lam64 * m * m - spike_var)
+        total_grads = [gv * lam64 / k]
+    g_gate = (dlam * lam64 * (1 - lam_raw) / tau).to(gate_logits.dtype)
+    return g_gate, wid, grad_m / k, *total_grads
+
+
+KERNELS = {
+    fn.__name__: _Kernel(fn)
+    for fn in (_full_columns, _nearby_forward, _lumped_forward, _nearby_inputs, _nearby_vjp, _lumped_backward)
+}
 
 
 def _full_eval(th, wid, means, log_stds, log_mix, spec, second):
@@ -130,13 +182,13 @@ def _full_eval(th, wid, means, log_stds, log_mix, spec, second):
     return m, s, best.to(torch.uint8)
 
 
-def nearby_block(u, inputs, lookup, nearby: NearbyTables, spec, kl_table):
-    """:func:`_nearby_forward` for one block whose bins take the (B, width) components ``lookup[0]``
-    (``lookup``: that table and :func:`bin_scalars`), gathering from the forward's ``nearby`` tables:
-    (θ^avg, Var or None, k*, KL correction or None, bins)."""
+def nearby_block(u, width, inputs, lookup, nearby: NearbyTables, spec, kl_table):
+    """:func:`_nearby_forward` (:func:`_lumped_forward` for ``width`` onehot.ALL_LUMPED) for one block whose bins
+    take the (B, columns) components ``lookup[0]`` (``lookup``: that table and :func:`bin_scalars`), gathering
+    from the forward's ``nearby`` tables: (θ^avg, Var or None, k*, KL correction or None, bins or None)."""
     theta, gate_logits, _, _, mask, window_ids, kstar = inputs
     k = nearby.k
-    if lookup[0].shape[1] > UNROLLED_MAX:
+    if width != ALL_LUMPED and width > UNROLLED_MAX:
         return _wide_forward(u.long(), inputs, lookup, nearby, spec, kl_table)
     tables, totals = list(nearby.columns), (nearby.total_mu, nearby.total_sq)
     lumped = float(k - lookup[0].shape[1])
@@ -148,6 +200,8 @@ def nearby_block(u, inputs, lookup, nearby: NearbyTables, spec, kl_table):
         _scalar(spec.spike_variance),
     )
     args = (theta, gate_logits, mask, window_ids, kstar, lookup, tables, totals, scalars, kl_table)
+    if width == ALL_LUMPED:
+        return *KERNELS["_lumped_forward"](u, *args), None
     return KERNELS["_nearby_forward"](u, *args)
 
 
@@ -187,11 +241,11 @@ def full_block(u, inputs, log_mix, spec, second, kl_table):
 
 def unpack_blocks(tensors, widths):
     """[(u, bins or None, width)] from the flat saved tensors: two per nearby block (``width`` > 0), one per
-    full block."""
+    full or all-lumped block."""
     blocks, items = [], iter(tensors)
     for width in widths:
         u = next(items)
-        blocks.append((u, next(items) if width else None, width))
+        blocks.append((u, next(items) if width and width != ALL_LUMPED else None, width))
     return blocks
 
 
@@ -211,6 +265,18 @@ def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearb
 
     m, s = recomputed_grads(param_grads, g_theta, (0, u), leaves, th, evaluate, gm, gv, lam)
     _add_gate_grads(g_gate, u, (gm, gv), (m, s), lam, lam_raw, spec)
+
+
+def lumped_gradients(g_gate, u, inputs, table_grads, spec):
+    """:func:`block_gradients` of a block of all-lumped weights: one :func:`_lumped_backward` kernel, its
+    gradients summed into ``table_grads``' window totals and the moments' part of ∂/∂s̃ added to ``g_gate``."""
+    _, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
+    tables = table_grads.tables
+    scalars = (_scalar(spec.gate_temperature), tables.k, _scalar(spec.spike_variance))
+    args = (gate_logits, mask, window_ids, grad_mean, grad_var, [tables.total_mu, tables.total_sq], scalars)
+    g_gate_u, wid, *total_grads = KERNELS["_lumped_backward"](u, *args)
+    table_grads.add_totals(wid, total_grads)
+    g_gate.index_add_(0, u, g_gate_u)
 
 
 def _add_gate_grads(g_gate, u, cotangents, moments, lam, lam_raw, spec):

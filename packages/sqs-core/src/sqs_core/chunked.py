@@ -19,9 +19,27 @@ import torch
 import torch.nn.functional as F
 
 from ._index_add import index_add_all
-from ._nearby import NearbyTables, TableGradients, nearby_moments, nearby_vjp
+from ._nearby import (
+    NearbyTables,
+    TableGradients,
+    _Uncovered,
+    lumped_grads,
+    lumped_moments,
+    nearby_grads,
+    nearby_moments,
+)
 from .mixture import bernoulli_kl, component_log_density, flush_subnormals_, log_responsibilities, zero_at_most_
-from .onehot import CERTIFIED, bin_components, bin_table, certify_one_hot, classify, flat_indices, uncovered_blocks
+from .onehot import (
+    ALL_LUMPED,
+    CERTIFIED,
+    bin_components,
+    bin_table,
+    certify_one_hot,
+    classify,
+    columns_of,
+    flat_indices,
+    uncovered_blocks,
+)
 
 __all__ = [
     "PosteriorSpec",
@@ -134,7 +152,8 @@ class _PosteriorMoments(torch.autograd.Function):
     Weights certified one-hot (:mod:`sqs_core.onehot`) cost O(1) each: θ^avg = λ̃ μ_{k*}, and their
     gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest are evaluated on their bin's 4, 8,
     16 or 32 nearby components plus one lumped term where the paper's formula allows it exactly (sqs_core._nearby,
-    its backward derived by hand), else on all K (autograd); both recomputed in backward, at the indices the
+    its backward derived by hand; where every component is lumped, m = Σ_k μ_k / K with no evaluation), else on
+    all K (autograd); both recomputed in backward, at the indices the
     forward found (kept as int32). Windows are handled by gathering each weight's row of (W, K) parameters.
     With ``component_kl`` the gate KL (eq. approx_elbo) at these k* is summed in the same chunk loop and
     its gradients, ∂/∂s̃ and Σ λ̃ per component, are added in the same backward loop: one autograd node
@@ -163,8 +182,9 @@ class _PosteriorMoments(torch.autograd.Function):
                 th_u, wid_u = th.index_select(0, u), wid.index_select(0, u).long()  # 3× faster than th[u]
                 if width:
                     assert tables is not None  # a width only where the table has lumpable bins
-                    flat = bin_components(table, th_u, width)
-                    moments = nearby_moments(th_u, wid_u, flat, tables, spec.temperature)
+                    flat = bin_components(table, th_u, columns_of(width))
+                    evaluate = lumped_moments if width == ALL_LUMPED else nearby_moments
+                    moments = evaluate(th_u, wid_u, flat, tables, spec.temperature)
                 else:
                     moments = _full_levels(th_u, wid_u, means, log_stds, log_mix, spec, second)
                 m_u, s_u, ks_u = moments
@@ -220,7 +240,10 @@ class _PosteriorMoments(torch.autograd.Function):
             index_add_all(sums)
             for u, width in blocks.get(a, []):
                 block = _Uncovered.gather(a, u, wid, theta[a:b], gm, gv, lam)
-                if width:
+                if width == ALL_LUMPED:
+                    assert nearby is not None
+                    m_u, s_u = lumped_grads(block, nearby)
+                elif width:
                     assert nearby is not None  # a width only where the table has lumpable bins
                     flat_u = bin_components(ctx.table, block.theta, width)
                     m_u, s_u = nearby_grads(g_theta, block, flat_u, nearby, spec)
@@ -263,28 +286,6 @@ def _flat_index(window_ids: torch.Tensor, levels: torch.Tensor, k: int, dtype=to
     one-hot backward kernel (sqs_core._fused, which traces this function) from 3.1–3.8 to 6.7–7.0 ms a chunk."""
     flat = window_ids.int() * k + levels.int()
     return flat if dtype == torch.int32 else flat.to(dtype)
-
-
-@dataclass(frozen=True)
-class _Uncovered:
-    """Weights of a chunk the certificate did not cover: local indices ``u`` of the chunk starting at ``a``,
-    their int64 windows, θ, ∂L/∂θ^avg, ∂L/∂Var (None: Var unused) and masked λ̃."""
-
-    a: int
-    u: torch.Tensor
-    wid: torch.Tensor
-    theta: torch.Tensor
-    grad_mean: torch.Tensor
-    grad_var: torch.Tensor | None
-    lam: torch.Tensor
-
-    @classmethod
-    def gather(cls, a, u, wid, theta, grad_mean, grad_var, lam) -> _Uncovered:
-        """The block of local indices ``u`` (int64) of the chunk from ``a`` whose (n,) tensors are given, gathered
-        by ``index_select`` (3× faster than ``x[u]`` on 1-D tensors)."""
-        th, gm, lm = (t.index_select(0, u) for t in (theta, grad_mean, lam))
-        gv = None if grad_var is None else grad_var.index_select(0, u)
-        return cls(a, u, wid.index_select(0, u).long(), th, gm, gv, lm)
 
 
 def _full_levels(th, wid, means, log_stds, log_mix, spec, second):
@@ -348,18 +349,6 @@ def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, spec):
 
     where, gm, gv = (block.a, block.u), block.grad_mean, block.grad_var
     return recomputed_grads(param_grads, g_theta, where, leaves, block.theta, evaluate, gm, gv, block.lam)
-
-
-def nearby_grads(g_theta, block: _Uncovered, flat, nearby: TableGradients, spec):
-    """The uncovered weights of ``block`` on their nearby components, the (width, n) flat indices ``flat``
-    (sqs_core._nearby), their gradients by hand: summed into ``nearby``, ∂/∂θ into ``g_theta`` (or None). Returns
-    their (m, s) values."""
-    args = (block.theta, block.wid, flat, nearby.tables, spec.temperature, block.grad_mean, block.grad_var, block.lam)
-    m, s, g_th, column_grads, total_grads = nearby_vjp(*args)
-    nearby.add(flat, block.wid, column_grads, total_grads)
-    if g_theta is not None:
-        g_theta[block.a :].index_copy_(0, block.u, g_th.to(g_theta.dtype))
-    return m, s
 
 
 def recomputed_grads(param_grads, g_theta, where, leaves, th, evaluate, gm, gv, lam):

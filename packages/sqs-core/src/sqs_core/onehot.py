@@ -38,8 +38,10 @@ import torch
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
 
 __all__ = [
+    "ALL_LUMPED",
     "CERTIFIED",
     "CERTIFY_MARGIN",
+    "LUMPED_SCAN",
     "NEARBY",
     "NEARBY_WIDTHS",
     "BinTable",
@@ -50,6 +52,7 @@ __all__ = [
     "bin_table",
     "certify_one_hot",
     "classify",
+    "columns_of",
     "components_of_bins",
     "flat_indices",
     "lump_log_density",
@@ -63,6 +66,8 @@ NEARBY = 32  # components an uncovered weight is evaluated on when the others ar
 NEARBY_WIDTHS = (4, 8, 16, NEARBY)  # a bin takes the narrowest of these that leaves only negligible components out
 NARROW = 16  # every bin's table holds its NARROW + 1 largest bounds; only the bins that need more, the NEARBY + 1
 CERTIFIED = 255  # the class (:func:`classify`) of a certified weight
+ALL_LUMPED = 1  # the class of a weight in a bin where every component is lumped (paper formula): φ = 1/K exactly
+LUMPED_SCAN = NEARBY_WIDTHS[0]  # an ALL_LUMPED weight's k*: the argmax of log π N over its bin's first columns
 INDEX_CHUNK = 1 << 20  # entries of a bool mask per nonzero call in flat_indices
 
 
@@ -93,7 +98,8 @@ class BinTable:
     several_windows: bool  # whether a weight's window must be checked against the bin's owner
     nearby: torch.Tensor  # (B, NEARBY) int32 flat indices w·K + k of the bin's NEARBY largest Q_bk, largest first
     near_width: torch.Tensor  # (B,) uint8: the fewest leading ``nearby`` columns (one of NEARBY_WIDTHS) outside
-    # which every component has Q_bk ≤ lump_log_density (paper formula), 0 where even NEARBY leave some out
+    # which every component has Q_bk ≤ lump_log_density (paper formula), 0 where even NEARBY leave some out,
+    # ALL_LUMPED where every component does
     any_lumpable: bool
     codes: torch.Tensor  # (B,) int32 best | near_width << 8 | owner << 16: the compiled certificate's one lookup
 
@@ -143,7 +149,8 @@ def _near_widths(top_values, owner, kind, k, dtype):
     """(B,) uint8: per bin the narrowest w in NEARBY_WIDTHS up to NARROW whose (w+1)-th largest bound Q_bk is at
     most :func:`lump_log_density` (0: none; :func:`_nearby_table` gives the wider ones). Under the paper's
     formula a component whose e^{π N} rounds to 1 shares one φ with all such, so the bin's weights need only
-    their w largest components plus one lumped term."""
+    their w largest components plus one lumped term. :data:`ALL_LUMPED` where even the largest bound is that
+    small: every φ is then exactly 1/K, and m = Σ_k μ_k / K needs no component evaluated."""
     widths = torch.zeros(owner.shape, dtype=torch.uint8, device=owner.device)
     if kind != "paper":
         return widths
@@ -151,7 +158,7 @@ def _near_widths(top_values, owner, kind, k, dtype):
     for w in sorted((w for w in NEARBY_WIDTHS if w <= NARROW), reverse=True):  # the narrowest that fits wins
         if k > w:
             widths.masked_fill_(owned & (top_values[:, w] <= lump), w)
-    return widths
+    return widths.masked_fill_(owned & (top_values[:, 0] <= lump), ALL_LUMPED)
 
 
 def _nearby_table(top_indices, bound_rows, near_width, owner, kind, k, dtype):
@@ -261,8 +268,8 @@ def certify_one_hot(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTab
 
 def classify(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTable):
     """(k*, μ_{k*}, class uint8) as :func:`certify_one_hot`, the class saying how each weight is evaluated:
-    :data:`CERTIFIED`; a width in NEARBY_WIDTHS (its bin's ``near_width``, where the bin is its window's);
-    0: on all K."""
+    :data:`CERTIFIED`; a width in NEARBY_WIDTHS or :data:`ALL_LUMPED` (its bin's ``near_width``, where the bin
+    is its window's); 0: on all K."""
     b = bin_index(theta, table)
     # 1-D gathers from contiguous rows (B floats each): 2.5× faster than one of (B, 2) rows and a copy
     mean, radius = (row.index_select(0, b) for row in table.mean_radius)
@@ -275,9 +282,9 @@ def classify(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTable):
 def uncovered_blocks(
     classes: torch.Tensor, table: BinTable, k: int, block_elements: int, index_dtype: torch.dtype = torch.int64
 ) -> Iterator[tuple[torch.Tensor, int]]:
-    """(indices, width) of the weights :func:`classify` did not certify, in non-empty blocks of
-    ``block_elements`` // width (all K: width 0, ``block_elements`` // K): one ``nonzero`` over all weights,
-    then one over the uncovered per width (the indices as ``index_select``: one pass, not two), each by
+    """(indices, class) of the weights :func:`classify` did not certify, in non-empty blocks of
+    ``block_elements`` // :func:`columns_of` (all K: class 0, ``block_elements`` // K): one ``nonzero`` over all
+    weights, then one over the uncovered per width (the indices as ``index_select``: one pass, not two), each by
     :func:`flat_indices` with ``index_dtype``."""
     uncovered = flat_indices(classes, index_dtype, test=partial(torch.ne, other=CERTIFIED))
     groups = [(uncovered, 0)]
@@ -285,10 +292,10 @@ def uncovered_blocks(
         widths = classes.index_select(0, uncovered)
         groups = [
             (uncovered.index_select(0, flat_indices(widths, index_dtype, test=partial(torch.eq, other=w))), w)
-            for w in (*NEARBY_WIDTHS, 0)
+            for w in (ALL_LUMPED, *NEARBY_WIDTHS, 0)
         ]
     for indices, width in groups:
-        for block in torch.split(indices, max(1, block_elements // (width or k))):
+        for block in torch.split(indices, max(1, block_elements // (columns_of(width) or k))):
             if block.numel():
                 yield block, width
 
@@ -320,6 +327,12 @@ def bin_components(table: BinTable, theta: torch.Tensor, width: int) -> torch.Te
     """(width, n) int64 flat indices of the ``width`` largest-bound components of the bins of weights ``theta``
     (``width`` > 0): a column per component, as sqs_core._nearby evaluates them."""
     return components_of_bins(table.nearby[:, :width], bin_index(theta, table))
+
+
+def columns_of(width: int) -> int:
+    """How many of its bin's ``nearby`` columns a weight of class ``width`` (of :func:`classify`, not
+    CERTIFIED) is evaluated on: its width, :data:`LUMPED_SCAN` for ALL_LUMPED (only for k*), 0 for all K."""
+    return LUMPED_SCAN if width == ALL_LUMPED else width
 
 
 def components_of_bins(nearby: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
