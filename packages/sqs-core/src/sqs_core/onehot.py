@@ -100,8 +100,13 @@ class BinTable:
     near_width: torch.Tensor  # (B,) uint8: the fewest leading ``nearby`` columns (one of NEARBY_WIDTHS) outside
     # which every component has Q_bk ≤ lump_log_density (paper formula), 0 where even NEARBY leave some out,
     # ALL_LUMPED where every component does
-    any_lumpable: bool
+    lumpable: tuple[int, ...]  # the classes ALL_LUMPED and NEARBY_WIDTHS that some bin's near_width holds
     codes: torch.Tensor  # (B,) int32 best | near_width << 8 | owner << 16: the compiled certificate's one lookup
+
+    @property
+    def any_lumpable(self) -> bool:
+        """Whether some bin takes the nearby or the all-lumped evaluation."""
+        return bool(self.lumpable)
 
 
 def bin_table(
@@ -140,9 +145,11 @@ def bin_table(
     owner_u8, best_u8 = owner.to(torch.uint8), j.to(torch.uint8)
     near_width = _near_widths(top.values, owner, kind, k, means.dtype)
     nearby = _nearby_table(top.indices, bound_rows, near_width, owner, kind, k, means.dtype)
-    several, any_lumpable = num_windows > 1, bool(near_width.any())
+    present = set(torch.unique(near_width).tolist())  # B entries; on a GPU one wait, where a class's nonzero is one
+    lumpable = tuple(w for w in (ALL_LUMPED, *NEARBY_WIDTHS) if w in present)
     codes = best_u8.int() | (near_width.int() << 8) | (owner_u8.int() << 16)
-    return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, several, nearby, near_width, any_lumpable, codes)
+    several = num_windows > 1
+    return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, several, nearby, near_width, lumpable, codes)
 
 
 def _near_widths(top_values, owner, kind, k, dtype):
@@ -284,15 +291,15 @@ def uncovered_blocks(
 ) -> Iterator[tuple[torch.Tensor, int]]:
     """(indices, class) of the weights :func:`classify` did not certify, in non-empty blocks of
     ``block_elements`` // :func:`columns_of` (all K: class 0, ``block_elements`` // K): one ``nonzero`` over all
-    weights, then one over the uncovered per width (the indices as ``index_select``: one pass, not two), each by
-    :func:`flat_indices` with ``index_dtype``."""
+    weights, then one over the uncovered per class that some bin has (the indices as ``index_select``: one pass,
+    not two), each by :func:`flat_indices` with ``index_dtype``."""
     uncovered = flat_indices(classes, index_dtype, test=partial(torch.ne, other=CERTIFIED))
     groups = [(uncovered, 0)]
     if uncovered.numel() and table.any_lumpable:
         widths = classes.index_select(0, uncovered)
         groups = [
             (uncovered.index_select(0, flat_indices(widths, index_dtype, test=partial(torch.eq, other=w))), w)
-            for w in (ALL_LUMPED, *NEARBY_WIDTHS, 0)
+            for w in (*table.lumpable, 0)
         ]
     for indices, width in groups:
         for block in torch.split(indices, max(1, block_elements // (columns_of(width) or k))):
