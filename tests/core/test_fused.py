@@ -113,8 +113,9 @@ def test_compiled_values_and_gradients_match_eager(small_chunks, case):
 def test_compiled_matches_eager_on_bins_of_every_nearby_width(monkeypatch, second, widen):
     """Components about as wide as the gaps between them (K = 64, the paper's formula, log σ + ``widen`` = 0.8):
     most weights are uncovered, in bins of every nearby width, 32 included (those bins' components come from a
-    topk of their own, onehot._nearby_table); narrow ones (−2.5): most in bins of width 4 or where every
-    component is lumped (onehot.ALL_LUMPED). Values, k* and gradients of both paths agree."""
+    topk of their own, onehot._nearby_table; compiled, _fused_uncovered's rolled kernels); narrow ones (−2.5):
+    most in bins of width 4 or where every component is lumped (onehot.ALL_LUMPED). Values, k* and gradients
+    of both paths agree."""
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 1024)  # several chunks, each with blocks of every width
     posteriors = []
     for compiled in (False, True):
@@ -130,7 +131,12 @@ def test_compiled_matches_eager_on_bins_of_every_nearby_width(monkeypatch, secon
     counts = uncovered_counts(posteriors[1])
     kinds = NEARBY_WIDTHS if widen > 0 else (4, ALL_LUMPED)
     assert all(counts.get(width, 0) > (10 if widen > 0 else 500) for width in kinds), counts
-    (want, want_kstar), (got, got_kstar) = (_values_and_grads(p, second) for p in posteriors)
+    want, want_kstar = _values_and_grads(posteriors[0], second)
+    before = {name: kernel.calls for name, kernel in _fused.KERNELS.items()}
+    got, got_kstar = _values_and_grads(posteriors[1], second)
+    calls = {name: kernel.calls - before[name] for name, kernel in _fused.KERNELS.items()}
+    special = ("_rolled_forward", "_rolled_vjp") if widen > 0 else ("_lumped_forward", "_lumped_backward")
+    assert all(calls[name] > 0 for name in special), calls  # width 32: rolled kernels; all lumped: their own
     assert torch.equal(got_kstar, want_kstar)
     for index, (a, b) in enumerate(zip(got, want, strict=True)):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * max(float(b.abs().max()), 1.0), msg=f"output {index}")

@@ -12,7 +12,7 @@ from sqs_core._fused_nearby import nearby_rows, nearby_rows_vjp
 from sqs_core._fused_uncovered import UNROLLED_MAX
 from sqs_core.onehot import NEARBY_WIDTHS
 
-UNROLLED_WIDTHS = [w for w in NEARBY_WIDTHS if w <= UNROLLED_MAX]  # wider blocks run sqs_core._nearby itself
+UNROLLED_WIDTHS = [w for w in NEARBY_WIDTHS if w <= UNROLLED_MAX]  # wider blocks run sqs_core._nearby's, compiled
 
 
 def _case(seed, width, second, temperature, far, dtype):

@@ -7,7 +7,8 @@ of a block of weights in lumpable bins, which gathers its own inputs; backward's
 recomputation with the hand-derived gradient. And the per-block glue FusedPosteriorMoments calls:
 ``nearby_block`` and ``full_block`` in forward, ``block_gradients`` in backward (``unpack_blocks`` rebuilds
 the blocks from the saved tensors); ``bin_scalars``, the bin table's floats as inputs of onehot.bin_of in a
-kernel. Blocks wider than :data:`UNROLLED_MAX` run sqs_core._nearby's eager evaluation instead.
+kernel. Blocks wider than :data:`UNROLLED_MAX` run sqs_core._nearby's evaluation compiled with its loop
+over the components rolled; all-lumped blocks (onehot.ALL_LUMPED) one small kernel each way.
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
 from ._fused_nearby import lumped_rows, nearby_rows, nearby_rows_vjp
-from ._nearby import NearbyTables, _Uncovered, nearby_grads, nearby_moments
+from ._nearby import NearbyTables, nearby_moments, nearby_vjp
 from .chunked import _flat_index, _gate_probs, _variance, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP, flush_subnormals, flush_subnormals_
-from .onehot import ALL_LUMPED, bin_of, components_of_bins
+from .onehot import ALL_LUMPED, bin_of
 
 UNROLLED_MAX = 16
 """The widest block of nearby components evaluated by the unrolled kernels; wider ones (onehot.NEARBY = 32) take
-the eager (width, n) evaluation of sqs_core._nearby. Unrolled, width 32's forward and backward kernels took
-172 and 295 s to compile in float32 (longer in float64) on session 33's Intel Xeon, against 10–20 s for width
-16; eagerly its weights took 1.25 µs each (forward and backward) against 0.81 µs compiled, and 3.3 µs on all
-K = 64 components, where they went before width 32 existed (docs/method.md, "Session 33")."""
+sqs_core._nearby's (width, n) evaluation compiled as a whole, its loop over the components rolled
+(:func:`_rolled_forward`, :func:`_rolled_vjp`). Unrolled, width 32's forward and backward kernels took 172 and
+295 s to compile in float32 (longer in float64) on session 33's Intel Xeon, against 10–20 s for width 16.
+Paired from the 4096² layer's step-350 state (session 34): the compiled step took 2.17 s with the rolled
+kernels at width 32, 2.34 s with session 33's eager evaluation there, and 2.22 s with width 16 rolled too
+(docs/method.md, "Session 34")."""
 
 __all__ = [
     "KERNELS",
@@ -149,6 +152,39 @@ def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars):
     return g_gate, g_th, *(torch.stack(g) for g in (g_mu, g_inv, g_const)), *total_grads
 
 
+def _rolled_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tables, totals, scalars, kl_table):
+    """:func:`_nearby_forward` for blocks wider than :data:`UNROLLED_MAX`: sqs_core._nearby's (width, n)
+    evaluation (a loop over the components, not unrolled) with the gathers and the gate in one kernel."""
+    _, temperature, tau, k, spike_var = scalars
+    th, wid = theta[u], window_ids[u].long()
+    table, low, inv_width = lookup
+    bins = bin_of(th, low, inv_width, table.shape[0])
+    nearby = NearbyTables(tuple(tables), totals[0], totals[1], k)
+    m, s, levels = nearby_moments(th, wid, table[bins].t().long(), nearby, temperature)
+    lam = _gate_probs(gate_logits[u], mask[u], tau)[2]
+    var = None if s is None else flush_subnormals(_variance(lam, m, s, spike_var))
+    correction = None
+    if kl_table is not None:
+        correction = _kl_correction(kl_table, _flat_index(wid, levels, k), _flat_index(wid, kstar[u], k), lam)
+    return flush_subnormals(lam * m), var, levels, correction, bins
+
+
+def _rolled_vjp(u, bins, theta, gate_logits, mask, window_ids, grad_mean, grad_var, table, tables, totals, scalars):
+    """Backward of a block wider than :data:`UNROLLED_MAX` in one kernel: sqs_core._nearby.nearby_vjp with the
+    gathers and ∂/∂s̃. Returns (the moments' part of ∂/∂s̃, ∂/∂θ, the (width, n) flat component indices (int64),
+    the windows (int64), the column gradients and the total gradients as float64)."""
+    temperature, tau, k, spike_var = scalars
+    _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
+    th, wid, gm = theta[u], window_ids[u].long(), grad_mean[u]
+    gv = None if grad_var is None else grad_var[u]
+    flat = table[bins].t().long()
+    nearby = NearbyTables(tuple(tables), totals[0], totals[1], k)
+    m, s, g_th, column_grads, total_grads = nearby_vjp(th, wid, flat, nearby, temperature, gm, gv, lam)
+    dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spike_var)
+    g_gate = dlam * lam * (1 - lam_raw) / tau
+    return g_gate, g_th, flat, wid, [g.double() for g in column_grads], [g.double() for g in total_grads]
+
+
 def _lumped_backward(u, gate_logits, mask, window_ids, grad_mean, grad_var, totals, scalars):
     """Backward of weights in all-lumped bins in one kernel (sqs_core._nearby.lumped_vjp): (the moments' part of
     ∂/∂s̃, their windows (int64), ∂/∂Σμ and, with ∂L/∂Var = ``grad_var``, ∂/∂Σ(μ² + σ²) float64); ∂/∂θ is 0.
@@ -169,7 +205,16 @@ def _lumped_backward(u, gate_logits, mask, window_ids, grad_mean, grad_var, tota
 
 KERNELS = {
     fn.__name__: _Kernel(fn)
-    for fn in (_full_columns, _nearby_forward, _lumped_forward, _nearby_inputs, _nearby_vjp, _lumped_backward)
+    for fn in (
+        _full_columns,
+        _nearby_forward,
+        _lumped_forward,
+        _rolled_forward,
+        _nearby_inputs,
+        _nearby_vjp,
+        _lumped_backward,
+        _rolled_vjp,
+    )
 }
 
 
@@ -188,8 +233,6 @@ def nearby_block(u, width, inputs, lookup, nearby: NearbyTables, spec, kl_table)
     from the forward's ``nearby`` tables: (θ^avg, Var or None, k*, KL correction or None, bins or None)."""
     theta, gate_logits, _, _, mask, window_ids, kstar = inputs
     k = nearby.k
-    if width != ALL_LUMPED and width > UNROLLED_MAX:
-        return _wide_forward(u.long(), inputs, lookup, nearby, spec, kl_table)
     tables, totals = list(nearby.columns), (nearby.total_mu, nearby.total_sq)
     lumped = float(k - lookup[0].shape[1])
     scalars = (
@@ -202,17 +245,9 @@ def nearby_block(u, width, inputs, lookup, nearby: NearbyTables, spec, kl_table)
     args = (theta, gate_logits, mask, window_ids, kstar, lookup, tables, totals, scalars, kl_table)
     if width == ALL_LUMPED:
         return *KERNELS["_lumped_forward"](u, *args), None
+    if width > UNROLLED_MAX:
+        return KERNELS["_rolled_forward"](u, *args)
     return KERNELS["_nearby_forward"](u, *args)
-
-
-def _wide_forward(u, inputs, lookup, nearby: NearbyTables, spec, kl_table):
-    """:func:`nearby_block` for a block wider than :data:`UNROLLED_MAX`, by sqs_core._nearby (eager), the
-    weights ``u`` int64."""
-    theta, window_ids = inputs[0], inputs[5]
-    th, wid = theta.index_select(0, u), window_ids.index_select(0, u).long()
-    bins = bin_of(th, lookup[1], lookup[2], lookup[0].shape[0])
-    m, s, levels = nearby_moments(th, wid, components_of_bins(lookup[0], bins), nearby, spec.temperature)
-    return *_eager_block_outputs(u, wid, (m, s, levels), inputs, spec, nearby.k, kl_table), bins
 
 
 def _eager_block_outputs(u, wid, moments, inputs, spec, k, kl_table):
@@ -294,7 +329,7 @@ def _nearby_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
     (W, K) parameters once per backward."""
     table, table_grads = nearby
     if table.shape[1] > UNROLLED_MAX:
-        return _wide_gradients(g_theta, g_gate, u.long(), bins, inputs, nearby, spec)
+        return _rolled_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec)
     tau = _scalar(spec.gate_temperature)
     th, wid, lam, lam_raw, gm, gv, components = KERNELS["_nearby_inputs"](u, bins, *inputs, table, tau)
     tables = table_grads.tables
@@ -309,14 +344,15 @@ def _nearby_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
     g_gate.index_add_(0, u, g_gate_u)
 
 
-def _wide_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
-    """:func:`_nearby_gradients` of a block wider than :data:`UNROLLED_MAX`, by sqs_core._nearby (eager), the
-    weights ``u`` int64."""
+def _rolled_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
+    """:func:`_nearby_gradients` of a block wider than :data:`UNROLLED_MAX`: one :func:`_rolled_vjp` kernel."""
     table, table_grads = nearby
-    theta, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
-    _, lam_raw, lam = _gate_probs(gate_logits.index_select(0, u), mask.index_select(0, u), spec.gate_temperature)
-    th, wid, gm = theta.index_select(0, u), window_ids.index_select(0, u).long(), grad_mean.index_select(0, u)
-    gv = None if grad_var is None else grad_var.index_select(0, u)
-    block = _Uncovered(0, u, wid, th, gm, gv, lam)
-    m, s = nearby_grads(g_theta, block, components_of_bins(table, bins), table_grads, spec)
-    _add_gate_grads(g_gate, u, (gm, gv), (m, s), lam, lam_raw, spec)
+    tables = table_grads.tables
+    totals = [tables.total_mu, tables.total_sq]
+    scalars = (_scalar(spec.temperature), _scalar(spec.gate_temperature), tables.k, _scalar(spec.spike_variance))
+    args = (u, bins, *inputs, table, list(tables.columns), totals, scalars)
+    g_gate_u, g_th, flat, wid, column_grads, total_grads = KERNELS["_rolled_vjp"](*args)
+    table_grads.add(flat, wid, column_grads, total_grads)
+    if g_theta is not None:
+        g_theta[u] = g_th.to(g_theta.dtype)  # index_copy_ takes int64 indices only
+    g_gate.index_add_(0, u, g_gate_u.to(g_gate.dtype))
