@@ -8,7 +8,7 @@ import pytest
 import sqs_core as sqs
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from sqs_core import _nearby, chunked, onehot
 from sqs_core.mixture import component_log_density, log_responsibilities
@@ -135,6 +135,12 @@ def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, wi
         assert all(count > 10 for count in near.values()), near  # at every width
     if narrowing == -1.0:
         assert near[NEARBY_WIDTHS[-1]] > 100 and counts[0] > 30, counts  # the widest, and all K beside it
+    _assert_matches_the_full_formula(p, second, g)
+
+
+def _assert_matches_the_full_formula(p, second, g):
+    """θ^avg (and Var) of the float64 posterior ``p`` and the gradients of a random functional of them (θ's
+    too when it is trained) equal autograd through the paper's full K-component formula (τ = 5e-4)."""
     mean, var = p.moments(second=second)
     theta, rows = p.weight.reshape(-1), p.window_ids.reshape(-1).long()
     q = component_log_density(theta, p.means[rows], p.log_stds[rows], F.log_softmax(p.mixing_logits, -1)[rows])
@@ -143,7 +149,7 @@ def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, wi
     m = (phi * p.means[rows]).sum(-1)
     ref_mean = lam * m
     assert torch.allclose(mean.reshape(-1), ref_mean, rtol=1e-9, atol=1e-12)
-    params = [p.means, p.log_stds, p.mixing_logits, p.gate_logits] + ([p.weight] if train_weight else [])
+    params = [p.means, p.log_stds, p.mixing_logits, p.gate_logits] + ([p.weight] if p.config.train_weight else [])
     weights = torch.randn(mean.shape, generator=g, dtype=torch.float64)
     ours, ref = (mean * weights).sum(), (ref_mean.reshape(mean.shape) * weights).sum()
     if second:
@@ -153,6 +159,33 @@ def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, wi
         ours, ref = ours + var.sum(), ref + ref_var.sum()
     for a, b in zip(torch.autograd.grad(ours, params), torch.autograd.grad(ref, params), strict=True):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    k=st.integers(2, 64),
+    seed=st.integers(0, 10**6),
+    narrowing=st.floats(2.0, 5.0),
+    windows=st.sampled_from(["none", "outlier"]),
+    second=st.booleans(),
+    train_weight=st.booleans(),
+)
+def test_all_lumped_weights_match_the_full_formula(k, seed, narrowing, windows, second, train_weight):
+    """Weights in bins where every component's e^{π N} rounds to 1 (onehot.ALL_LUMPED) take φ = 1/K, i.e.
+    m = Σ_k μ_k / K with no component evaluated: values and gradients equal the full formula's, for any K."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(40, 30, generator=g, dtype=torch.float64) * 0.1
+    w.view(-1)[:2] = torch.tensor([1.4, -1.1], dtype=torch.float64)
+    config = sqs.SQSConfig(
+        num_components=k, windows=windows, responsibility="paper", temperature=5e-4, train_weight=train_weight
+    )
+    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(seed)).double()
+    with torch.no_grad():
+        p.log_stds.sub_(narrowing)
+        p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=torch.float64))
+        p.gate_logits.add_(torch.randn(p.gate_logits.shape, generator=g, dtype=torch.float64) * 0.02)
+    assume(uncovered_counts(p)[ALL_LUMPED] > 0)
+    _assert_matches_the_full_formula(p, second, g)
 
 
 def test_certified_fraction_is_a_share_of_one_hot_rows():
