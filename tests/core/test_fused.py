@@ -108,6 +108,30 @@ def test_compiled_values_and_gradients_match_eager(small_chunks, case):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=atol, msg=f"output {index}")
 
 
+def _eager_and_compiled(k, log_std_shift):
+    """An eager and a compiled float64 posterior of one 60×50 layer (K = ``k``, outlier windows, the paper's formula
+    at τ = 5e-4), alike: log σ shifted by ``log_std_shift``, random mixing weights, every 7th gate masked."""
+    posteriors = []
+    for compiled in (False, True):
+        g = torch.Generator().manual_seed(3)
+        w = torch.randn(60, 50, generator=g, dtype=torch.float64) * 0.1
+        config = sqs.SQSConfig(num_components=k, windows="outlier", temperature=5e-4, compile_kernels=compiled)
+        p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
+        with torch.no_grad():
+            p.log_stds.add_(log_std_shift)
+            p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=torch.float64))
+            p.mask.view(-1)[::7] = False
+        posteriors.append(p)
+    return posteriors
+
+
+def _assert_paths_agree(want, got):
+    """The outputs of :func:`_values_and_grads` (values, k*) of the eager and the compiled path agree."""
+    assert torch.equal(got[1], want[1])
+    for index, (a, b) in enumerate(zip(got[0], want[0], strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * max(float(b.abs().max()), 1.0), msg=f"output {index}")
+
+
 @pytest.mark.parametrize("widen", [0.8, -2.5])
 @pytest.mark.parametrize("second", [False, True])
 def test_compiled_matches_eager_on_bins_of_every_nearby_width(monkeypatch, second, widen):
@@ -117,29 +141,27 @@ def test_compiled_matches_eager_on_bins_of_every_nearby_width(monkeypatch, secon
     most in bins of width 4 or where every component is lumped (onehot.ALL_LUMPED). Values, k* and gradients
     of both paths agree."""
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 1024)  # several chunks, each with blocks of every width
-    posteriors = []
-    for compiled in (False, True):
-        g = torch.Generator().manual_seed(3)
-        w = torch.randn(60, 50, generator=g, dtype=torch.float64) * 0.1
-        config = sqs.SQSConfig(num_components=64, windows="outlier", temperature=5e-4, compile_kernels=compiled)
-        p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
-        with torch.no_grad():
-            p.log_stds.add_(widen)
-            p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=torch.float64))
-            p.mask.view(-1)[::7] = False
-        posteriors.append(p)
-    counts = uncovered_counts(posteriors[1])
+    eager, compiled = _eager_and_compiled(64, widen)
+    counts = uncovered_counts(compiled)
     kinds = NEARBY_WIDTHS if widen > 0 else (4, ALL_LUMPED)
     assert all(counts.get(width, 0) > (10 if widen > 0 else 500) for width in kinds), counts
-    want, want_kstar = _values_and_grads(posteriors[0], second)
+    want = _values_and_grads(eager, second)
     before = {name: kernel.calls for name, kernel in _fused.KERNELS.items()}
-    got, got_kstar = _values_and_grads(posteriors[1], second)
+    got = _values_and_grads(compiled, second)
     calls = {name: kernel.calls - before[name] for name, kernel in _fused.KERNELS.items()}
     special = ("_rolled_forward", "_rolled_vjp") if widen > 0 else ("_lumped_forward", "_lumped_backward")
     assert all(calls[name] > 0 for name in special), calls  # width 32: rolled kernels; all lumped: their own
-    assert torch.equal(got_kstar, want_kstar)
-    for index, (a, b) in enumerate(zip(got, want, strict=True)):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * max(float(b.abs().max()), 1.0), msg=f"output {index}")
+    _assert_paths_agree(want, got)
+
+
+@pytest.mark.parametrize("second", [False, True])
+def test_compiled_matches_eager_where_every_component_is_lumped_at_small_k(small_chunks, second):
+    """K = 3 (no nearby width applies): narrow components leave most weights uncovered, in bins where every
+    component is lumped (onehot.ALL_LUMPED, φ = 1/K) or on all K; both paths agree, k* included."""
+    eager, compiled = _eager_and_compiled(3, -3.0)
+    counts = uncovered_counts(compiled)
+    assert counts[ALL_LUMPED] > 1000 and counts[0] > 100, counts
+    _assert_paths_agree(_values_and_grads(eager, second), _values_and_grads(compiled, second))
 
 
 def test_compiled_path_limits_match_eager(small_chunks):
