@@ -192,3 +192,36 @@ def test_long_gradient_sums_match_the_cpu():
     index_add_all([(got, index.to(CUDA), source.to(CUDA))])
     bound = torch.zeros(entries, dtype=torch.float64).index_add_(0, index, source.abs())
     assert bool(((got.cpu() - want).abs() <= 4 * n * torch.finfo(torch.float64).eps * bound).all())
+
+
+def _uncovered_posterior_outputs(device, compiled, log_std_shift):
+    """θ^avg, Var, k* and the gradients of a random functional of them and the KL, on the CPU, for a K = 64
+    posterior (the paper's formula) whose components are shifted by ``log_std_shift`` in log σ, on ``device``."""
+    from sqs_core.posterior import SpikeGMMPosterior
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(60, 50, generator=g, dtype=torch.float64) * 0.1
+    config = sqs.SQSConfig(num_components=64, windows="outlier", temperature=5e-4, compile_kernels=compiled)
+    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
+    with torch.no_grad():
+        p.log_stds.add_(log_std_shift)
+        p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=torch.float64))
+    p = p.to(device)
+    mean, var = p.moments(second=True)
+    weights = torch.randn(mean.shape, generator=torch.Generator().manual_seed(1), dtype=mean.dtype).to(device)
+    out = (mean * weights).sum() + var.sum() + 1e-3 * p.kl()
+    grads = torch.autograd.grad(out, [p.means, p.log_stds, p.mixing_logits, p.gate_logits])
+    return p._kstar.cpu(), [t.detach().cpu() for t in (mean, var, *grads)]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("log_std_shift", [0.8, -2.5], ids=["every-width", "all-lumped"])
+def test_uncovered_weights_of_every_class_match_the_cpu(compiled, log_std_shift):
+    """Most weights uncovered (K = 64, the paper's formula): in bins of every nearby width (32: the compiled
+    path's rolled kernels) or, with narrower components, where every component is lumped (onehot.ALL_LUMPED);
+    θ^avg, Var, k* and the gradients on the GPU agree with the CPU's."""
+    want_kstar, want = _uncovered_posterior_outputs(torch.device("cpu"), compiled, log_std_shift)
+    got_kstar, got = _uncovered_posterior_outputs(CUDA, compiled, log_std_shift)
+    assert torch.equal(got_kstar, want_kstar)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10 * max(float(b.abs().max()), 1.0), msg=f"output {i}")
