@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
 from ._fused_nearby import lumped_rows, nearby_rows, nearby_rows_vjp
-from ._nearby import NearbyTables, nearby_moments, nearby_vjp
-from .chunked import _flat_index, _gate_probs, _variance, recomputed_grads
+from ._nearby import NearbyTables, lumped_vjp, nearby_moments, nearby_vjp
+from .chunked import _flat_index, _gate_probs, _variance, moments_dlam, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP, flush_subnormals, flush_subnormals_
 from .onehot import ALL_LUMPED, bin_of
 
@@ -145,8 +145,7 @@ def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars):
     columns = (th, mu, inv_std, const, (totals[0][wid], total_sq), lumped, temperature)
     m, s, g_th, g_mu, g_inv, g_const, total_grads = nearby_rows_vjp(*columns, (gm, gv, lam))
     lam64 = lam.double()
-    dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam64 * m * m - spike_var)
-    g_gate = (dlam * lam64 * (1 - lam_raw) / tau).to(th.dtype)
+    g_gate = (moments_dlam(gm, gv, m, s, lam64, spike_var) * lam64 * (1 - lam_raw) / tau).to(th.dtype)
     # ∂/∂θ below θ's smallest normal number is 0: rounding it to a subnormal costs a microcode assist per vector
     g_th = torch.where(g_th.abs() < torch.finfo(th.dtype).tiny, 0.0, g_th).to(th.dtype)
     return g_gate, g_th, *(torch.stack(g) for g in (g_mu, g_inv, g_const)), *total_grads
@@ -180,27 +179,22 @@ def _rolled_vjp(u, bins, theta, gate_logits, mask, window_ids, grad_mean, grad_v
     flat = table[bins].t().long()
     nearby = NearbyTables(tuple(tables), totals[0], totals[1], k)
     m, s, g_th, column_grads, total_grads = nearby_vjp(th, wid, flat, nearby, temperature, gm, gv, lam)
-    dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spike_var)
-    g_gate = dlam * lam * (1 - lam_raw) / tau
+    g_gate = moments_dlam(gm, gv, m, s, lam, spike_var) * lam * (1 - lam_raw) / tau
     return g_gate, g_th, flat, wid, [g.double() for g in column_grads], [g.double() for g in total_grads]
 
 
-def _lumped_backward(u, gate_logits, mask, window_ids, grad_mean, grad_var, totals, scalars):
-    """Backward of weights in all-lumped bins in one kernel (sqs_core._nearby.lumped_vjp): (the moments' part of
-    ∂/∂s̃, their windows (int64), ∂/∂Σμ and, with ∂L/∂Var = ``grad_var``, ∂/∂Σ(μ² + σ²) float64); ∂/∂θ is 0.
-    ``totals``: the (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: τ', K, σ_0²."""
+def _lumped_backward(u, gate_logits, mask, window_ids, grad_mean, grad_var, tables, totals, scalars):
+    """Backward of weights in all-lumped bins in one kernel (sqs_core._nearby.lumped_vjp, in float64): (the
+    moments' part of ∂/∂s̃, their windows (int64), ∂/∂Σμ and, with ∂L/∂Var = ``grad_var``, ∂/∂Σ(μ² + σ²));
+    ∂/∂θ is 0. ``totals``: the (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: τ', K, σ_0²."""
     tau, k, spike_var = scalars
     _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
     wid, lam64 = window_ids[u].long(), lam.double()
-    m, gm = totals[0][wid].double() / k, grad_mean[u].double()
-    grad_m, dlam, total_grads = gm * lam64, gm * m, []
-    if grad_var is not None:
-        s, gv = totals[1][wid].double() / k, grad_var[u].double()
-        grad_m = grad_m - 2 * gv * lam64 * lam64 * m
-        dlam = dlam + gv * (s - 2 * lam64 * m * m - spike_var)
-        total_grads = [gv * lam64 / k]
-    g_gate = (dlam * lam64 * (1 - lam_raw) / tau).to(gate_logits.dtype)
-    return g_gate, wid, grad_m / k, *total_grads
+    gm, gv = grad_mean[u].double(), (None if grad_var is None else grad_var[u].double())
+    nearby = NearbyTables(tuple(tables), totals[0].double(), None if totals[1] is None else totals[1].double(), k)
+    m, s, total_grads = lumped_vjp(wid, nearby, gm, gv, lam64)
+    g_gate = (moments_dlam(gm, gv, m, s, lam64, spike_var) * lam64 * (1 - lam_raw) / tau).to(gate_logits.dtype)
+    return g_gate, wid, *total_grads
 
 
 KERNELS = {
@@ -308,7 +302,8 @@ def lumped_gradients(g_gate, u, inputs, table_grads, spec):
     _, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
     tables = table_grads.tables
     scalars = (_scalar(spec.gate_temperature), tables.k, _scalar(spec.spike_variance))
-    args = (gate_logits, mask, window_ids, grad_mean, grad_var, [tables.total_mu, tables.total_sq], scalars)
+    totals = [tables.total_mu, tables.total_sq]
+    args = (gate_logits, mask, window_ids, grad_mean, grad_var, list(tables.columns), totals, scalars)
     g_gate_u, wid, *total_grads = KERNELS["_lumped_backward"](u, *args)
     table_grads.add_totals(wid, total_grads)
     g_gate.index_add_(0, u, g_gate_u)
@@ -318,7 +313,7 @@ def _add_gate_grads(g_gate, u, cotangents, moments, lam, lam_raw, spec):
     """Add the moments' part of ∂/∂s̃ of weights ``u`` to ``g_gate``: ∂L/∂λ̃ · λ̃ (1 − λ̃)/τ' from ``cotangents``
     (∂L/∂θ^avg, ∂L/∂Var or None) and ``moments`` (m, s), λ̃ masked and raw (chunked._PosteriorMoments' formula)."""
     (gm, gv), (m, s) = cotangents, moments
-    dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
+    dlam = moments_dlam(gm, gv, m, s, lam, spec.spike_variance)
     g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / spec.gate_temperature)
 
 

@@ -252,7 +252,7 @@ class _PosteriorMoments(torch.autograd.Function):
                 m.index_copy_(0, u, m_u)
                 if s is not None:
                     s.index_copy_(0, u, s_u)
-            dlam = gm * m if gv is None else gm * m + gv * (s - 2 * lam * m * m - spec.spike_variance)
+            dlam = moments_dlam(gm, gv, m, s, lam, spec.spike_variance)
             dlam.mul_(lam).mul_(1 - lam_raw)  # times λ̃(1 − λ̃)/τ', 0 where masked
             torch.div(dlam, spec.gate_temperature, out=g_gate[a:b])
             if g_comp is not None:
@@ -270,6 +270,14 @@ def _gate_probs(gate_logits: torch.Tensor, mask: torch.Tensor, gate_temperature:
     lam_raw = torch.sigmoid(scaled)
     lam = torch.where(mask, lam_raw, lam_raw.new_zeros(()))  # no float copy of the mask
     return scaled, lam_raw, zero_at_most_(lam, GATE_FLOOR)
+
+
+def moments_dlam(grad_mean, grad_var, m, s, lam, spike_variance):
+    """∂L/∂λ̃ through θ^avg = λ̃ m and Var = λ̃ s − (λ̃ m)² + (1 − λ̃) σ_0² (:func:`_variance`), for ∂L/∂θ^avg =
+    ``grad_mean`` and ∂L/∂Var = ``grad_var`` (None: Var unused, ``s`` then ignored)."""
+    if grad_var is None:
+        return grad_mean * m
+    return grad_mean * m + grad_var * (s - 2 * lam * m * m - spike_variance)
 
 
 def _variance(lam, m, s, spike_variance):
