@@ -20,7 +20,7 @@ from ._compiled import _Kernel, _scalar
 from ._fused_nearby import lumped_rows, nearby_rows, nearby_rows_vjp
 from ._nearby import NearbyTables, lumped_vjp, nearby_moments, nearby_vjp
 from .chunked import _flat_index, _gate_probs, _variance, moments_dlam, recomputed_grads
-from .mixture import HALF_LOG_2PI, PAPER_CLAMP, flush_subnormals, flush_subnormals_
+from .mixture import HALF_LOG_2PI, PAPER_CLAMP, flush_subnormals
 from .onehot import ALL_LUMPED, bin_of
 
 UNROLLED_MAX = 16
@@ -104,14 +104,23 @@ def _gathered_rows(u, theta, window_ids, lookup, tables):
 def _rows_outputs(u, th, wid, flat, rows, gate_logits, mask, kstar, scalars, kl_table):
     """θ^avg, Var or None, k* (uint8) and the gate-KL correction (or None) from ``rows`` = (m, s or None, the
     position of k* among ``flat``); ``scalars``: τ', K, σ_0²."""
-    (m, s, pos), (tau, k, spike_var) = rows, scalars
+    m, s, pos = rows
     best = flat[0]
     for c in range(1, len(flat)):
         best = torch.where(pos == c, flat[c], best)
+    outputs = _block_outputs(u, wid, (m, s, best), gate_logits, mask, kstar, scalars, kl_table, th.dtype)
+    return outputs[0], outputs[1], (best - wid * scalars[1]).to(torch.uint8), outputs[2]
+
+
+def _block_outputs(u, wid, moments, gate_logits, mask, kstar, scalars, kl_table, dtype):
+    """(θ^avg = λ̃ m in ``dtype``, Var or None, the gate-KL correction or None) of uncovered weights ``u`` from
+    ``moments`` = (m, s or None, the flat index w·K + k of their k*), λ̃ from their gates, Var formed in m's
+    dtype; ``scalars``: τ', K, σ_0². The one epilogue of every uncovered block, compiled or eager."""
+    (m, s, flat), (tau, k, spike_var) = moments, scalars
     lam = _gate_probs(gate_logits[u], mask[u], tau)[2]
-    var = None if s is None else flush_subnormals(_variance(lam.double(), m, s, spike_var).to(th.dtype))
-    correction = None if kl_table is None else _kl_correction(kl_table, best, _flat_index(wid, kstar[u], k), lam)
-    return flush_subnormals((lam * m).to(th.dtype)), var, (best - wid * k).to(torch.uint8), correction
+    var = None if s is None else flush_subnormals(_variance(lam.to(m.dtype), m, s, spike_var).to(dtype))
+    correction = None if kl_table is None else _kl_correction(kl_table, flat, _flat_index(wid, kstar[u], k), lam)
+    return flush_subnormals((lam * m).to(dtype)), var, correction
 
 
 def _kl_correction(kl_table, flat, flat_before, lam):
@@ -154,18 +163,15 @@ def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars):
 def _rolled_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tables, totals, scalars, kl_table):
     """:func:`_nearby_forward` for blocks wider than :data:`UNROLLED_MAX`: sqs_core._nearby's (width, n)
     evaluation (a loop over the components, not unrolled) with the gathers and the gate in one kernel."""
-    _, temperature, tau, k, spike_var = scalars
+    temperature, k = scalars[1], scalars[3]
     th, wid = theta[u], window_ids[u].long()
     table, low, inv_width = lookup
     bins = bin_of(th, low, inv_width, table.shape[0])
     nearby = NearbyTables(tuple(tables), totals[0], totals[1], k)
     m, s, levels = nearby_moments(th, wid, table[bins].t().long(), nearby, temperature)
-    lam = _gate_probs(gate_logits[u], mask[u], tau)[2]
-    var = None if s is None else flush_subnormals(_variance(lam, m, s, spike_var))
-    correction = None
-    if kl_table is not None:
-        correction = _kl_correction(kl_table, _flat_index(wid, levels, k), _flat_index(wid, kstar[u], k), lam)
-    return flush_subnormals(lam * m), var, levels, correction, bins
+    moments = (m, s, _flat_index(wid, levels, k))
+    mean, var, correction = _block_outputs(u, wid, moments, gate_logits, mask, kstar, scalars[2:], kl_table, th.dtype)
+    return mean, var, levels, correction, bins
 
 
 def _rolled_vjp(u, bins, theta, gate_logits, mask, window_ids, grad_mean, grad_var, table, tables, totals, scalars):
@@ -244,28 +250,16 @@ def nearby_block(u, width, inputs, lookup, nearby: NearbyTables, spec, kl_table)
     return KERNELS["_nearby_forward"](u, *args)
 
 
-def _eager_block_outputs(u, wid, moments, inputs, spec, k, kl_table):
-    """θ^avg, Var or None, k* and the gate-KL correction (or None) of weights ``u`` (windows ``wid``) from their
-    eagerly evaluated ``moments`` (m, s or None, k*): the gate, Var and the correction as the kernels form them."""
-    _, gate_logits, _, _, mask, _, kstar = inputs
-    m, s, levels = moments
-    lam = _gate_probs(gate_logits.index_select(0, u), mask.index_select(0, u), spec.gate_temperature)[2]
-    var = None if s is None else flush_subnormals_(_variance(lam, m, s, spec.spike_variance))
-    correction = None
-    if kl_table is not None:
-        flat_before = _flat_index(wid, kstar.index_select(0, u), k)
-        correction = _kl_correction(kl_table, _flat_index(wid, levels, k), flat_before, lam)
-    return flush_subnormals_(lam * m), var, levels, correction
-
-
 def full_block(u, inputs, log_mix, spec, second, kl_table):
     """θ^avg, Var or None, k*, the gate-KL correction (or None) and None (no bins) of uncovered weights ``u``
     on all K."""
-    theta, _, means, log_stds, _, window_ids, _ = inputs
-    u = u.long()
+    theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
+    u, k = u.long(), means.shape[1]
     wid = window_ids.index_select(0, u).long()
-    moments = _full_eval(theta.index_select(0, u), wid, means, log_stds, log_mix, spec, second)
-    return *_eager_block_outputs(u, wid, moments, inputs, spec, means.shape[1], kl_table), None
+    m, s, levels = _full_eval(theta.index_select(0, u), wid, means, log_stds, log_mix, spec, second)
+    scalars, moments = (spec.gate_temperature, k, spec.spike_variance), (m, s, _flat_index(wid, levels, k))
+    mean, var, correction = _block_outputs(u, wid, moments, gate_logits, mask, kstar, scalars, kl_table, theta.dtype)
+    return mean, var, levels, correction, None
 
 
 def unpack_blocks(tensors, widths):
@@ -293,7 +287,7 @@ def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearb
         return _full_eval(th_leaf, wid, leaves[0], leaves[1], log_mix, spec, second)
 
     m, s = recomputed_grads(param_grads, g_theta, (0, u), leaves, th, evaluate, gm, gv, lam)
-    _add_gate_grads(g_gate, u, (gm, gv), (m, s), lam, lam_raw, spec)
+    g_gate.index_add_(0, u, moments_dlam(gm, gv, m, s, lam, spec.spike_variance) * lam * (1 - lam_raw) / tau)
 
 
 def lumped_gradients(g_gate, u, inputs, table_grads, spec):
@@ -307,14 +301,6 @@ def lumped_gradients(g_gate, u, inputs, table_grads, spec):
     g_gate_u, wid, *total_grads = KERNELS["_lumped_backward"](u, *args)
     table_grads.add_totals(wid, total_grads)
     g_gate.index_add_(0, u, g_gate_u)
-
-
-def _add_gate_grads(g_gate, u, cotangents, moments, lam, lam_raw, spec):
-    """Add the moments' part of ∂/∂s̃ of weights ``u`` to ``g_gate``: ∂L/∂λ̃ · λ̃ (1 − λ̃)/τ' from ``cotangents``
-    (∂L/∂θ^avg, ∂L/∂Var or None) and ``moments`` (m, s), λ̃ masked and raw (chunked._PosteriorMoments' formula)."""
-    (gm, gv), (m, s) = cotangents, moments
-    dlam = moments_dlam(gm, gv, m, s, lam, spec.spike_variance)
-    g_gate.index_add_(0, u, dlam * lam * (1 - lam_raw) / spec.gate_temperature)
 
 
 def _nearby_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
