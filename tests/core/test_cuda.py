@@ -214,12 +214,17 @@ def _uncovered_posterior_outputs(device, compiled, log_std_shift):
     return p._kstar.cpu(), [t.detach().cpu() for t in (mean, var, *grads)]
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("route", ["eager", "certified", "dense"])
 @pytest.mark.parametrize("log_std_shift", [0.8, -2.5], ids=["every-width", "all-lumped"])
-def test_uncovered_weights_of_every_class_match_the_cpu(compiled, log_std_shift):
+def test_uncovered_weights_of_every_class_match_the_cpu(monkeypatch, route, log_std_shift):
     """Most weights uncovered (K = 64, the paper's formula): in bins of every nearby width (32: the compiled
     path's rolled kernels) or, with narrower components, where every component is lumped (onehot.ALL_LUMPED);
-    θ^avg, Var, k* and the gradients on the GPU agree with the CPU's."""
+    θ^avg, Var, k* and the gradients on the GPU agree with the CPU's. ``route``: eager; compiled with the
+    certified plan (sqs_core._fused) on both devices, or the dense one (sqs_core._dense; a GPU's default)."""
+    from sqs_core import _dense
+
+    monkeypatch.setattr(_dense, "dense_route", lambda device: route == "dense")
+    compiled = route != "eager"
     want_kstar, want = _uncovered_posterior_outputs(torch.device("cpu"), compiled, log_std_shift)
     got_kstar, got = _uncovered_posterior_outputs(CUDA, compiled, log_std_shift)
     assert torch.equal(got_kstar, want_kstar)

@@ -16,6 +16,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
+import sqs_core._dense as dense
 import sqs_core._index_add as index_add
 import sqs_core.chunked as chunked
 import torch
@@ -92,6 +93,20 @@ def sweep_chunks(mode: str, chunks: list[int], batch: int, steps: int, out: Path
     del step, model
 
 
+def sweep_dense(chunks: list[int], batch: int, steps: int, out: Path) -> None:
+    """The compiled step (sqs_core._dense on a GPU) at each ``DENSE_CHUNK_WEIGHTS``, in order."""
+    step, model = step_of("sqs-compiled", batch)
+    for chunk in chunks:
+        dense.DENSE_CHUNK_WEIGHTS = chunk
+        ms, peak = timed_step(step, steps)
+        say(
+            f"sqs-compiled (dense) DENSE_CHUNK_WEIGHTS 2^{chunk.bit_length() - 1}: {ms:.2f} ms/step, peak {peak:.0f} MiB",
+            out,
+        )
+    dense.DENSE_CHUNK_WEIGHTS = chunks[0]
+    del step, model
+
+
 def profile(mode: str, batch: int, out: Path) -> None:
     """A torch.profiler table of three steps of ``mode`` (after three unprofiled ones)."""
     step, model = step_of(mode, batch)
@@ -113,7 +128,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--parts", nargs="+", default=["index_add", "plain", "sqs", "sqs-compiled", "profile"])
+    parser.add_argument("--parts", nargs="+", default=["index_add", "plain", "sqs", "sqs-compiled", "dense", "profile"])
     args = parser.parse_args()
     out = Path(os.environ.get("OUT", "out/gpu"))
     out.mkdir(parents=True, exist_ok=True)
@@ -132,6 +147,12 @@ def main() -> None:
         sweep_chunks("sqs", chunks, args.batch, args.steps, out)
     if "sqs-compiled" in args.parts:
         sweep_chunks("sqs-compiled", [1 << 22, 1 << 20, 1 << 24], args.batch, args.steps, out)
+    if "certified" in args.parts:  # the compiled mode's certified plan (sqs_core._fused) on a GPU, for comparison
+        route, dense.dense_route = dense.dense_route, lambda device: False
+        sweep_chunks("sqs-compiled", [1 << 22], args.batch, args.steps, out)
+        dense.dense_route = route
+    if "dense" in args.parts:  # the compiled mode's route on a GPU (sqs_core._dense) against its chunk
+        sweep_dense([1 << 20, 1 << 22], args.batch, args.steps, out)
     if "profile" in args.parts:
         chunked.DEVICE_CHUNK_ELEMENTS = 1 << 22
         profile("sqs-compiled", args.batch, out)

@@ -17,10 +17,16 @@ RECOMPILE_LIMIT = 64  # graphs per kernel (see _Kernel._run)
 
 
 class _Kernel:
-    """``fn`` compiled with inductor on its first call; ``calls`` counts the calls (tests check it)."""
+    """``fn`` compiled with inductor on its first call; ``calls`` counts the calls (tests check it).
+    ``dynamic``: torch.compile's: True (the default here) compiles one graph for every size; None specialises the
+    sizes of the first call and makes a size dynamic once it changes (sqs_core._dense: K stays a constant, so its
+    reductions over the components are unrolled into registers instead of loops that recompute their inputs).
+    ``options``: inductor settings for this kernel alone (torch.compile's ``options``)."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], dynamic: bool | None = True, options: dict | None = None) -> None:
         self.fn = fn
+        self.dynamic = dynamic
+        self.options = options
         self.compiled: Callable[..., Any] | None = None
         self.calls = 0
 
@@ -32,7 +38,8 @@ class _Kernel:
         if self.compiled is not None:
             return self._run(self.compiled, args)
         log.info("compiling %s with torch.compile (once per process; takes seconds)", self.fn.__name__)
-        self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+        known = None if self.options is None else {k: v for k, v in self.options.items() if _known_option(k)}
+        self.compiled = torch.compile(self.fn, dynamic=self.dynamic, fullgraph=True, options=known)
         try:
             return self._run(self.compiled, args)
         except Exception as exc:
@@ -53,6 +60,13 @@ class _Kernel:
         except torch._dynamo.exc.FailOnRecompileLimitHit:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 return compiled(*args)
+
+
+def _known_option(name: str) -> bool:
+    """Whether this torch's inductor has the setting ``name`` (settings come and go between versions)."""
+    import torch._inductor.config as inductor_config
+
+    return hasattr(inductor_config, name)
 
 
 def _unviewed(value: Any) -> Any:

@@ -391,10 +391,11 @@ def posterior_moments(flat, spec, second, window_ranges=None, component_kl=None)
     weights, at the k* this forward finds, and its gradients join the same backward; None: it is 0."""
     theta, gate_logits, means, log_stds, mixing_logits, mask, window_ids = flat
     function: type[torch.autograd.Function] = _PosteriorMoments
-    if spec.compiled:
-        from ._fused import FusedPosteriorMoments  # torch.compile machinery only when asked for
+    if spec.compiled:  # torch.compile machinery only when asked for
+        from . import _dense
+        from ._fused import FusedPosteriorMoments
 
-        function = FusedPosteriorMoments
+        function = _dense.DensePosteriorMoments if _dense.dense_route(theta.device) else FusedPosteriorMoments
     return function.apply(
         theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, spec, second, window_ranges
     )
