@@ -25,8 +25,8 @@ Measured on session 35's lent H200 (torch 2.11.0+cu130; docs/step-benchmarks.md,
 against a plain step's 3.15 ms in the same process (8.9×), peak 625 against 513 MiB (1.22×). Session 33's
 certified plan on the same kind of machine and torch took 22–33 ms (6.8–10.6×) at 1.38–1.60× the plain peak, and
 slows down as training leaves more weights uncovered; this route's cost is fixed. Neither meets the issue's 2×:
-with float64 tiles (31.9 ms), of the 28.7 ms of GPU time a step the column pass took 17, the forward 3.9 and the
-row pass 3.8 (inductor's kernels, at ~4–16 ps a (weight, component) pair, are several times slower than the exps
+with float64 tiles (31.9 ms), of the 28.7 ms of GPU time a step the column pass took 17.5, the forward 4.1 and
+the row pass 3.8 (inductor's kernels, at ~4–16 ps a (weight, component) pair, are several times slower than the exps
 they take would allow).
 """
 
