@@ -30,3 +30,10 @@ for spec in ${CASES:-linear4096:2048:60}; do
     timeout "${spec##*:}" python3 bench_step.py --device cuda --only "$case" --steps 30 --rounds 1 --warm-cache \
         --modes ${MODES:-plain sqs} --out "$OUT/step_bench_cuda_${case/:/_}.json" 2>&1 | tee -a "$OUT/bench.log"
 done
+# The compiled mode per case in its own process (COMPILED_CASES, none by default: gpu_dense.py above measures the
+# 4096² case; e.g. COMPILED_CASES="resnet20:128:90" for the ResNet-20 at K = 4, not yet measured on the dense route)
+for spec in ${COMPILED_CASES:-}; do
+    case=${spec%:*}
+    timeout "${spec##*:}" python3 bench_step.py --device cuda --only "$case" --steps 20 --rounds 1 --warm-cache \
+        --modes plain sqs-compiled --out "$OUT/step_bench_cuda_compiled_${case/:/_}.json" 2>&1 | tee -a "$OUT/bench.log"
+done
