@@ -13,7 +13,8 @@ the formula of sqs_core._nearby with no lumped term) by kernels whose launches d
   G_s = ∂L/∂Var λ̃, ∂/∂s̃, ∂/∂θ and each weight's row statistics (the softmaxes' maxima and normalisers, τ D);
 * backward, per chunk, a column kernel: φ again from those statistics, the gradients of the (n, K) pairs
   with respect to the tables (μ, 1/σ, log π − log σ − ½ log 2π) and Σ λ̃ at each k* (the gate KL's), summed
-  over the weights of each window in float64 inside the kernel: no (n, K) tensor is written to memory.
+  over the weights of each window inside the kernel (float32 tiles of :data:`COLUMN_TILE` weights, float64
+  across them): no (n, K) tensor is written to memory.
 
 The gradient is sqs_core._nearby's with width K (no lumped term):
 ∂/∂x_k = φ_k (G_m (μ_k − m) + G_s (v_k − s)), ∂/∂a_k = x_k (∂/∂x_k − τ D), ∂/∂q_k = a_k ∂/∂a_k
@@ -26,8 +27,8 @@ against a plain step's 3.15 ms in the same process (8.9×), peak 625 against 513
 certified plan on the same kind of machine and torch took 22–33 ms (6.8–10.6×) at 1.38–1.60× the plain peak, and
 slows down as training leaves more weights uncovered; this route's cost is fixed. Neither meets the issue's 2×:
 with float64 tiles (31.9 ms), of the 28.7 ms of GPU time a step the column pass took 17.5, the forward 4.1 and
-the row pass 3.8 (inductor's kernels, at ~4–16 ps a (weight, component) pair, are several times slower than the exps
-they take would allow).
+the row pass 3.8: at 4–16 ps a (weight, component) pair, inductor's kernels take several times what their exps
+alone would.
 """
 
 from __future__ import annotations
