@@ -1,6 +1,7 @@
-"""On a GPU: the SQS step of the 4096² Linear (K = 64) against sqs_core.chunked.DEVICE_CHUNK_ELEMENTS, and
-sqs_core._index_add's rows against index_add_, each beside a plain step in the same process; then a profile of the
-compiled step. One short run for a lent GPU machine (gpu_checks.sh runs the broader checks):
+"""On a GPU: the SQS step of the 4096² Linear (K = 64) against sqs_core.chunked.DEVICE_CHUNK_ELEMENTS (eager, and
+compiled with the certified plan forced), the dense route against its chunk (``--parts dense``; gpu_dense.py measures
+its other settings), and sqs_core._index_add's rows against index_add_, each beside a plain step in the same
+process; then a profile of the compiled step (the dense route, a GPU's). One short run for a lent GPU machine (gpu_checks.sh runs the broader checks):
 
     OUT=out/gpu PYTHONPATH=packages/sqs-core/src python3 packages/sqs-core/benchmarks/gpu_chunk_sweep.py
 
@@ -145,15 +146,13 @@ def main() -> None:
     chunks = [1 << 20, 1 << 21, 1 << 22, 1 << 23, 1 << 24]
     if "sqs" in args.parts:
         sweep_chunks("sqs", chunks, args.batch, args.steps, out)
-    if "sqs-compiled" in args.parts:
-        sweep_chunks("sqs-compiled", [1 << 22, 1 << 20, 1 << 24], args.batch, args.steps, out)
-    if "certified" in args.parts:  # the compiled mode's certified plan (sqs_core._fused) on a GPU, for comparison
+    if "sqs-compiled" in args.parts:  # the certified plan (sqs_core._fused) forced: the chunk is its setting
         route, dense.dense_route = dense.dense_route, lambda device: False
-        sweep_chunks("sqs-compiled", [1 << 22], args.batch, args.steps, out)
+        sweep_chunks("sqs-compiled", [1 << 22, 1 << 20, 1 << 24], args.batch, args.steps, out)
         dense.dense_route = route
     if "dense" in args.parts:  # the compiled mode's route on a GPU (sqs_core._dense) against its chunk
         sweep_dense([1 << 20, 1 << 22], args.batch, args.steps, out)
-    if "profile" in args.parts:
+    if "profile" in args.parts:  # the compiled step as a GPU runs it: the dense route
         chunked.DEVICE_CHUNK_ELEMENTS = 1 << 22
         profile("sqs-compiled", args.batch, out)
 
