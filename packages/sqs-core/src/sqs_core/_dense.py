@@ -250,9 +250,9 @@ def _ranges(numel: int):
         yield start, min(numel, start + DENSE_CHUNK_WEIGHTS)
 
 
-def _tables(means, log_stds, log_mix, second):
-    """The (W, K) μ, 1/σ, log π − log σ − ½ log 2π and (with Var) μ² + σ² the kernels gather rows of."""
-    nearby = NearbyTables.build(means, log_stds, log_mix, second)
+def _tables(nearby: NearbyTables, means, log_stds, second):
+    """The (W, K) μ, 1/σ, log π − log σ − ½ log 2π (``nearby``'s flat columns) and, with Var, μ² + σ²: what the
+    kernels gather rows of."""
     mu, inv_std, const = (c.view(means.shape) for c in nearby.columns)
     return mu, inv_std, const, (mu * mu + torch.exp(2 * log_stds.detach()) if second else None)
 
@@ -269,7 +269,8 @@ class DensePosteriorMoments(torch.autograd.Function):
     @staticmethod
     def forward(ctx, theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, *settings):
         spec, second, _ = settings
-        tables = _tables(means, log_stds, F.log_softmax(mixing_logits, dim=-1), second)
+        nearby = NearbyTables.build(means, log_stds, F.log_softmax(mixing_logits, dim=-1), second)
+        tables = _tables(nearby, means, log_stds, second)
         mean, kstar = torch.empty_like(theta), torch.empty(theta.shape, dtype=torch.uint8, device=theta.device)
         var = torch.empty_like(theta) if second else theta.new_zeros(0)
         kl = (None, None, None)
@@ -296,7 +297,7 @@ class DensePosteriorMoments(torch.autograd.Function):
         spec, gv = ctx.spec, (grad_var if ctx.second else None)
         leaves = [p.detach().requires_grad_() for p in (means, log_stds, mixing_logits)]
         table_grads = TableGradients(leaves, ctx.second)
-        tables = _tables(means, log_stds, F.log_softmax(mixing_logits.detach(), dim=-1), ctx.second)
+        tables = _tables(table_grads.tables, means, log_stds, ctx.second)  # the tables it differentiates
         with_kl = component_kl is not None and grad_kl is not None
         kl = (None, None, None)
         if with_kl:
