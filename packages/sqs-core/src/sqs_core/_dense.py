@@ -40,8 +40,16 @@ import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
 from ._fused import _dkl_dlam, _gate_and_kl, _prior_logit, _prior_logs
-from ._nearby import NearbyTables, TableGradients
-from .chunked import _flat_index, _gate_probs, _variance, check_first_order, kl_grad, moments_dlam
+from ._nearby import NearbyTables, TableGradients, cotangents
+from .chunked import (
+    _flat_index,
+    _gate_probs,
+    _variance,
+    check_first_order,
+    gate_logit_grad,
+    kl_grad,
+    moments_dlam,
+)
 from .mixture import PAPER_CLAMP, exp_floor, flush_subnormals
 
 __all__ = ["DENSE_CHUNK_WEIGHTS", "KERNELS", "DensePosteriorMoments", "dense_route"]
@@ -127,13 +135,6 @@ def _dense_forward(theta, window_ids, gate_logits, mask, tables, scalars, kl, ou
     return total
 
 
-def _cotangents(gm, gv, lam, m):
-    """(G_m, G_s or None): ∂L/∂m and ∂L/∂s through θ^avg = λ̃ m and Var = λ̃ s − (λ̃ m)² + (1 − λ̃) σ_0²."""
-    if gv is None:
-        return gm * lam, None
-    return gm * lam - 2 * gv * lam * lam * m, gv * lam
-
-
 def _grad_x(pairs: _Pairs, level_sq, m, s, grad_m, grad_s):
     """∂L/∂x_k = φ_k (G_m (μ_k − m) + G_s (v_k − s)), (n, K)."""
     inner = grad_m[:, None] * (pairs.mu - m[:, None])
@@ -162,12 +163,12 @@ def _dense_backward_rows(theta, window_ids, gate_logits, mask, kstar, grads, tab
     level_sq = None if gv is None else tables[3][wid]
     m, s = _moments(pairs, level_sq)
     scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
-    grad_m, grad_s = _cotangents(gm, gv, lam, m)
+    grad_m, grad_s = cotangents(gm, gv, lam, m)
     dlam = moments_dlam(gm, gv, m, s, lam, spike_var)
     kl_table, prior_logit, grad_kl = kl
     if kl_table is not None:
         dlam = dlam + grad_kl * _dkl_dlam(scaled, kl_table[_flat_index(window_ids, kstar, k)], prior_logit)
-    outputs[0].copy_(dlam * lam * (1 - lam_raw) / tau)
+    outputs[0].copy_(gate_logit_grad(dlam, lam, lam_raw, tau))
     g_x = _grad_x(pairs, level_sq, m, s, grad_m, grad_s)
     total = None if pairs.a is None else temperature * (pairs.x * g_x).sum(1, keepdim=True)
     if outputs[1] is not None:

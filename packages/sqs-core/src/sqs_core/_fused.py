@@ -51,6 +51,7 @@ from .chunked import (
     _variance,
     check_first_order,
     chunk_elements,
+    gate_logit_grad,
     kl_accumulator,
     kl_grad,
 )
@@ -166,7 +167,7 @@ def _one_hot_backward(
         out_log_std.copy_(d_log_std)
     if kl_table is not None:
         out_lam.copy_(lam)
-    out_gate.copy_(dlam * lam * (1 - lam_raw) / tau)
+    out_gate.copy_(gate_logit_grad(dlam, lam, lam_raw, tau))
 
 
 def _gate_kl_sum(gate_logits, mask, window_ids, kstar, component_kl, tau, k, log_keep, log_drop):

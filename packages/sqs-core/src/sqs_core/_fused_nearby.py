@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _nearby
 from .mixture import PAPER_CLAMP, exp_floor
 
 __all__ = ["lumped_rows", "nearby_rows", "nearby_rows_vjp"]
@@ -109,13 +110,12 @@ def nearby_rows_vjp(th, mu, inv_std, const, totals, lumped_count, temperature, c
     offset, z, _, clamped, a, x, x_l, phi, phi_l = _stages(th, mu, inv_std, const, lumped_count, temperature)
     mu64, (grad_mean, grad_var, lam) = [v.double() for v in mu], cotangents
     m, rest_mu = _moment(phi, phi_l, mu64, totals[0])
-    lam = lam.double()
-    grad_m, grad_s, s = grad_mean.double() * lam, None, None
+    gv64 = None if grad_var is None else grad_var.double()
+    grad_m, grad_s = _nearby.cotangents(grad_mean.double(), gv64, lam.double(), m)
+    s = None
     if grad_var is not None:
         level_sq = _level_sq(mu64, inv_std)
         s, rest_sq = _moment(phi, phi_l, level_sq, totals[1])
-        grad_s = grad_var.double() * lam
-        grad_m = grad_m - 2 * grad_s * lam * m
     g_x = [(v - m) * grad_m for v in mu64]
     g_x_l = (rest_mu - lumped_count * m) * grad_m
     if grad_s is not None:

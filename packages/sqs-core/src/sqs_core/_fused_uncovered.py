@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ._compiled import _Kernel, _scalar
 from ._fused_nearby import lumped_rows, nearby_rows, nearby_rows_vjp
 from ._nearby import NearbyTables, lumped_vjp, nearby_moments, nearby_vjp
-from .chunked import _flat_index, _gate_probs, _variance, moments_dlam, recomputed_grads
+from .chunked import _flat_index, _gate_probs, _variance, gate_logit_grad, moments_dlam, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP, flush_subnormals
 from .onehot import ALL_LUMPED, bin_of
 
@@ -154,7 +154,7 @@ def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars):
     columns = (th, mu, inv_std, const, (totals[0][wid], total_sq), lumped, temperature)
     m, s, g_th, g_mu, g_inv, g_const, total_grads = nearby_rows_vjp(*columns, (gm, gv, lam))
     lam64 = lam.double()
-    g_gate = (moments_dlam(gm, gv, m, s, lam64, spike_var) * lam64 * (1 - lam_raw) / tau).to(th.dtype)
+    g_gate = gate_logit_grad(moments_dlam(gm, gv, m, s, lam64, spike_var), lam64, lam_raw, tau).to(th.dtype)
     # ∂/∂θ below θ's smallest normal number is 0: rounding it to a subnormal costs a microcode assist per vector
     g_th = torch.where(g_th.abs() < torch.finfo(th.dtype).tiny, 0.0, g_th).to(th.dtype)
     return g_gate, g_th, *(torch.stack(g) for g in (g_mu, g_inv, g_const)), *total_grads
@@ -185,7 +185,7 @@ def _rolled_vjp(u, bins, theta, gate_logits, mask, window_ids, grad_mean, grad_v
     flat = table[bins].t().long()
     nearby = NearbyTables(tuple(tables), totals[0], totals[1], k)
     m, s, g_th, column_grads, total_grads = nearby_vjp(th, wid, flat, nearby, temperature, gm, gv, lam)
-    g_gate = moments_dlam(gm, gv, m, s, lam, spike_var) * lam * (1 - lam_raw) / tau
+    g_gate = gate_logit_grad(moments_dlam(gm, gv, m, s, lam, spike_var), lam, lam_raw, tau)
     return g_gate, g_th, flat, wid, [g.double() for g in column_grads], [g.double() for g in total_grads]
 
 
@@ -199,7 +199,8 @@ def _lumped_backward(u, gate_logits, mask, window_ids, grad_mean, grad_var, tabl
     gm, gv = grad_mean[u].double(), (None if grad_var is None else grad_var[u].double())
     nearby = NearbyTables(tuple(tables), totals[0].double(), None if totals[1] is None else totals[1].double(), k)
     m, s, total_grads = lumped_vjp(wid, nearby, gm, gv, lam64)
-    g_gate = (moments_dlam(gm, gv, m, s, lam64, spike_var) * lam64 * (1 - lam_raw) / tau).to(gate_logits.dtype)
+    dlam = moments_dlam(gm, gv, m, s, lam64, spike_var)
+    g_gate = gate_logit_grad(dlam, lam64, lam_raw, tau).to(gate_logits.dtype)
     return g_gate, wid, *total_grads
 
 
@@ -287,7 +288,7 @@ def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearb
         return _full_eval(th_leaf, wid, leaves[0], leaves[1], log_mix, spec, second)
 
     m, s = recomputed_grads(param_grads, g_theta, (0, u), leaves, th, evaluate, gm, gv, lam)
-    g_gate.index_add_(0, u, moments_dlam(gm, gv, m, s, lam, spec.spike_variance) * lam * (1 - lam_raw) / tau)
+    g_gate.index_add_(0, u, gate_logit_grad(moments_dlam(gm, gv, m, s, lam, spec.spike_variance), lam, lam_raw, tau))
 
 
 def lumped_gradients(g_gate, u, inputs, table_grads, spec):

@@ -46,6 +46,7 @@ from .mixture import HALF_LOG_2PI, PAPER_CLAMP, exp_floor
 __all__ = [
     "NearbyTables",
     "TableGradients",
+    "cotangents",
     "exp_floor",
     "level_sq_totals",
     "lumped_grads",
@@ -56,6 +57,17 @@ __all__ = [
     "nearby_tables",
     "nearby_vjp",
 ]
+
+
+def cotangents(grad_mean, grad_var, lam, m):
+    """(G_m, G_s or None): ∂L/∂m = ∂L/∂θ^avg λ̃ − 2 ∂L/∂Var λ̃² m and ∂L/∂s = ∂L/∂Var λ̃ through θ^avg = λ̃ m and
+    Var = λ̃ s − (λ̃ m)² + (1 − λ̃) σ_0², for ∂L/∂θ^avg = ``grad_mean`` and ∂L/∂Var = ``grad_var`` (None: Var unused).
+    Every backward that recomputes m and s (eager, compiled, dense, autograd's all-K) starts from these."""
+    grad_m = grad_mean * lam
+    if grad_var is None:
+        return grad_m, None
+    grad_s = grad_var * lam
+    return grad_m - 2 * grad_s * lam * m, grad_s
 
 
 def nearby_tables(means, log_stds, log_mix):
@@ -178,9 +190,7 @@ def lumped_vjp(wid, tables: NearbyTables, grad_mean, grad_var, lam):
     the 4096² layer's step-350 state (float32) this moved ∂/∂(μ, log σ, mixing logits) by ≤ 4e-8 and ∂/∂s̃
     by ≤ 2e-6 relative (L2) against evaluating those bins at width 4 (docs/method.md, "Session 34")."""
     m, s = _lumped_levels(wid, tables)
-    grad_m, grad_s = grad_mean * lam, (None if grad_var is None else grad_var * lam)
-    if grad_s is not None:
-        grad_m.sub_(2 * grad_s * lam * m)
+    grad_m, grad_s = cotangents(grad_mean, grad_var, lam, m)
     return m, s, [g / tables.k for g in (grad_m, grad_s) if g is not None]
 
 
@@ -193,9 +203,7 @@ def nearby_vjp(th, wid, flat, tables: NearbyTables, temperature: float, grad_mea
     ∂/∂Σ(μ²+σ²)] (n,) each)."""
     st = _evaluate(th, wid, flat, tables, temperature)
     lumped = float(tables.k - flat.shape[0])
-    grad_m, grad_s = grad_mean * lam, (None if grad_var is None else grad_var * lam)
-    if grad_s is not None:
-        grad_m.sub_(2 * grad_s * lam * st.m)
+    grad_m, grad_s = cotangents(grad_mean, grad_var, lam, st.m)
     g_x = (st.mu - st.m).mul_(grad_m)
     g_x_l = (st.rest_mu - lumped * st.m).mul_(grad_m)
     if grad_s is not None and st.second is not None:

@@ -23,6 +23,7 @@ from ._nearby import (
     NearbyTables,
     TableGradients,
     _Uncovered,
+    cotangents,
     lumped_grads,
     lumped_moments,
     nearby_grads,
@@ -280,6 +281,13 @@ def moments_dlam(grad_mean, grad_var, m, s, lam, spike_variance):
     return grad_mean * m + grad_var * (s - 2 * lam * m * m - spike_variance)
 
 
+def gate_logit_grad(dlam, lam, lam_raw, tau):
+    """∂L/∂s̃ = ∂L/∂λ̃ λ̃ (1 − λ̃)/τ' for λ̃ = sigmoid(s̃/τ') (eq. lambda-prime), from ∂L/∂λ̃ = ``dlam``, the masked
+    and floored λ̃ (``lam``: 0 where masked, so is the result) and the raw one (:func:`_gate_probs`). The eager
+    backward of :class:`_PosteriorMoments` forms the same product in place, chunk by chunk."""
+    return dlam * lam * (1 - lam_raw) / tau
+
+
 def _variance(lam, m, s, spike_variance):
     """Var_q(θ̃) = λ̃ s − (λ̃ m)² + (1 − λ̃) σ_0² for the spike-and-GMM posterior with m = Σ_k φ_k μ_k and
     s = Σ_k φ_k (μ_k² + σ_k²), clamped at 0 against rounding."""
@@ -367,11 +375,11 @@ def recomputed_grads(param_grads, g_theta, where, leaves, th, evaluate, gm, gv, 
     th_leaf = th.detach().requires_grad_(g_theta is not None)
     with torch.enable_grad():
         m, s = evaluate(th_leaf, F.log_softmax(leaves[2], dim=-1))[:2]
-    outputs, grads_out = [m], [gm * lam]
-    if gv is not None:
-        grads_out[0] = gm * lam - 2 * gv * lam * lam * m.detach()
+    grad_m, grad_s = cotangents(gm, gv, lam, m.detach())
+    outputs, grads_out = [m], [grad_m]
+    if grad_s is not None:
         outputs.append(s)
-        grads_out.append(gv * lam)
+        grads_out.append(grad_s)
     inputs = leaves + ([th_leaf] if g_theta is not None else [])
     grads = torch.autograd.grad(outputs, inputs, grads_out, allow_unused=True)
     for acc, g in zip(param_grads, grads[:3], strict=True):
