@@ -1,5 +1,5 @@
 """No subnormal number leaves a posterior: θ^avg and Var_q are flushed (mixture.flush_subnormals), λ̃ at most
-chunked.GATE_FLOOR is 0 in training, and the gate KL's e^{−|ℓ|} is raised to mixture.exp_floor. Subnormal
+_gate_terms.GATE_FLOOR is 0 in training, and the gate KL's e^{−|ℓ|} is raised to mixture.exp_floor. Subnormal
 weights made the forward matrix product of a 4096² layer 200× slower on x86 (docs/method.md, "Session 32")."""
 
 import math
@@ -9,7 +9,7 @@ import sqs_core as sqs
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from sqs_core.chunked import GATE_FLOOR
+from sqs_core._gate_terms import GATE_FLOOR
 from sqs_core.mixture import bernoulli_kl, flush_subnormals, flush_subnormals_
 from torch import nn
 

@@ -41,20 +41,10 @@ import torch.nn.functional as F
 from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
 from ._fused_uncovered import bin_scalars, block_gradients, full_block, lumped_gradients, nearby_block, unpack_blocks
+from ._gate_terms import GATE_FLOOR, _gate_probs, _variance, check_first_order, gate_logit_grad, kl_accumulator, kl_grad
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients
-from .chunked import (
-    GATE_FLOOR,
-    _chunk_ranges,
-    _flat_index,
-    _gate_probs,
-    _variance,
-    check_first_order,
-    chunk_elements,
-    gate_logit_grad,
-    kl_accumulator,
-    kl_grad,
-)
+from .chunked import _chunk_ranges, _flat_index, chunk_elements
 from .mixture import bernoulli_kl_terms, exp_floor, flush_subnormals
 from .onehot import ALL_LUMPED, CERTIFIED, _bin_bounds, bin_of, bin_table, columns_of, uncovered_blocks
 
@@ -109,7 +99,7 @@ def _moments_second(
 
 
 def _gate_and_kl(gate_logits, mask, window_ids, kstar, tau, k, kl_table, log_keep, log_drop):
-    """(λ̃ as chunked._gate_probs gives it, masked and floored; the gate KL at k* or None without ``kl_table``):
+    """(λ̃ as _gate_terms._gate_probs gives it, masked and floored; the gate KL at k* or None without ``kl_table``):
     with the KL, λ̃ comes from the KL's own e^{−|ℓ|} (:func:`_gate_terms`): one exp per weight, not two."""
     if kl_table is None:
         return _gate_probs(gate_logits, mask, tau)[2], None
@@ -189,7 +179,7 @@ def _kl_sum(gate_logits, mask, flat, component_kl, tau, log_keep, log_drop, term
 
 def _gate_terms(gate_logits, mask, tau):
     """(ℓ = s̃/τ', e^{−|ℓ|} raised to exp_floor as bernoulli_kl_terms raises it, λ̃ = sigmoid(ℓ) from that e,
-    masked and floored as chunked._gate_probs)."""
+    masked and floored as _gate_terms._gate_probs)."""
     scaled = gate_logits / tau
     e = torch.exp((-scaled.abs()).clamp(min=exp_floor(scaled.dtype)))
     q = torch.where(scaled >= 0, 1.0, e) / (1 + e)

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
 from ._fused_nearby import lumped_rows, nearby_rows, nearby_rows_vjp
+from ._gate_terms import _gate_probs, _variance, gate_logit_grad, moments_dlam
 from ._nearby import NearbyTables, lumped_vjp, nearby_moments, nearby_vjp
-from .chunked import _flat_index, _gate_probs, _variance, gate_logit_grad, moments_dlam, recomputed_grads
+from .chunked import _flat_index, recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP, flush_subnormals
 from .onehot import ALL_LUMPED, bin_of
 

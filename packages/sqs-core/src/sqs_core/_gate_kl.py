@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from ._gate_terms import _gate_probs, _kl_gate_grads, _kl_terms_sum, check_first_order
 from ._index_add import index_add_all
-from .chunked import _chunk_ranges, _flat_index, _gate_probs, _kl_gate_grads, _kl_terms_sum, check_first_order
+from .chunked import _chunk_ranges, _flat_index
 
 __all__ = ["gate_kl"]
 

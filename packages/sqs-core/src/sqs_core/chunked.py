@@ -11,13 +11,22 @@ parameters are (W, K).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ._gate_terms import (
+    _gate_probs,
+    _kl_gate_grads,
+    _kl_terms_sum,
+    _variance,
+    check_first_order,
+    kl_accumulator,
+    kl_grad,
+    moments_dlam,
+)
 from ._index_add import index_add_all
 from ._nearby import (
     NearbyTables,
@@ -29,7 +38,7 @@ from ._nearby import (
     nearby_grads,
     nearby_moments,
 )
-from .mixture import bernoulli_kl, component_log_density, flush_subnormals_, log_responsibilities, zero_at_most_
+from .mixture import component_log_density, flush_subnormals_, log_responsibilities
 from .onehot import (
     ALL_LUMPED,
     CERTIFIED,
@@ -123,28 +132,6 @@ def uncertain_log_responsibilities(theta, window_ids, certified, means, log_stds
     for index in torch.split(flat_indices(certified, test=torch.logical_not), step):
         q = _log_density_rows(theta[index], window_ids[index].long(), means, log_stds, log_mix)
         yield index, log_responsibilities(q, kind, temperature), q.argmax(-1)
-
-
-def check_first_order() -> None:
-    """Called first in the backward of the posterior's autograd Functions (here, in _fused and in _gate_kl):
-    their gradients are computed by hand (no graph of their own), so a backward that builds one
-    (``create_graph=True``) would be wrong or fail inside."""
-    if torch.is_grad_enabled():
-        raise RuntimeError(
-            "SQS posteriors give first-order gradients only: a backward with create_graph=True through an SQS "
-            "layer's weight (a penalty on gradients of the posterior's parameters, a Hessian-vector product) is not "
-            "supported; gradients with respect to the inputs (an input-gradient penalty) work"
-        )
-
-
-GATE_FLOOR = 2.0**-64
-"""λ̃ at most this (ℓ = s̃/τ' ≤ −44.4) is taken as 0 in training: θ^avg, Var, the gate KL's λ̃ KL_k and their
-gradients. Such a weight contributes 2^-64 of its retained value, far below float32 rounding of any sum beside
-a retained weight, and its gate's exact gradient is as small: far below AdamW's ε = 1e-8 for any sane loss
-scale, so its step would be a vanishing fraction of the learning rate (the gate is frozen either way). Left
-exact, a gate driven towards 0 spends steps with λ̃ μ near or below float32's smallest normal number, and the
-subnormal products that follow (in the layer's matrix products, forward and backward) take a microcode assist
-each on x86: docs/method.md, "Session 32". Inference ranks the gates by their logits, untouched."""
 
 
 class _PosteriorMoments(torch.autograd.Function):
@@ -264,36 +251,6 @@ class _PosteriorMoments(torch.autograd.Function):
         return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
 
 
-def _gate_probs(gate_logits: torch.Tensor, mask: torch.Tensor, gate_temperature: float):
-    """(ℓ = s̃/τ', λ̃ = sigmoid(ℓ) (eq. lambda-prime), λ̃ where the pruning mask keeps the gate and λ̃ exceeds
-    :data:`GATE_FLOOR`, else 0)."""
-    scaled = gate_logits / gate_temperature
-    lam_raw = torch.sigmoid(scaled)
-    lam = torch.where(mask, lam_raw, lam_raw.new_zeros(()))  # no float copy of the mask
-    return scaled, lam_raw, zero_at_most_(lam, GATE_FLOOR)
-
-
-def moments_dlam(grad_mean, grad_var, m, s, lam, spike_variance):
-    """∂L/∂λ̃ through θ^avg = λ̃ m and Var = λ̃ s − (λ̃ m)² + (1 − λ̃) σ_0² (:func:`_variance`), for ∂L/∂θ^avg =
-    ``grad_mean`` and ∂L/∂Var = ``grad_var`` (None: Var unused, ``s`` then ignored)."""
-    if grad_var is None:
-        return grad_mean * m
-    return grad_mean * m + grad_var * (s - 2 * lam * m * m - spike_variance)
-
-
-def gate_logit_grad(dlam, lam, lam_raw, tau):
-    """∂L/∂s̃ = ∂L/∂λ̃ λ̃ (1 − λ̃)/τ' for λ̃ = sigmoid(s̃/τ') (eq. lambda-prime), from ∂L/∂λ̃ = ``dlam``, the masked
-    and floored λ̃ (``lam``: 0 where masked, so is the result) and the raw one (:func:`_gate_probs`). The eager
-    backward of :class:`_PosteriorMoments` forms the same product in place, chunk by chunk."""
-    return dlam * lam * (1 - lam_raw) / tau
-
-
-def _variance(lam, m, s, spike_variance):
-    """Var_q(θ̃) = λ̃ s − (λ̃ m)² + (1 − λ̃) σ_0² for the spike-and-GMM posterior with m = Σ_k φ_k μ_k and
-    s = Σ_k φ_k (μ_k² + σ_k²), clamped at 0 against rounding."""
-    return (lam * s - (lam * m) ** 2 + (1 - lam) * spike_variance).clamp_min(0)
-
-
 def _flat_index(window_ids: torch.Tensor, levels: torch.Tensor, k: int, dtype=torch.int32) -> torch.Tensor:
     """w·K + k: the index of each weight's component in the flattened (W, K) parameters, as ``dtype``: int32 for
     gathers (``index_select`` took 0.69 against 0.83 ms per 2^20 int64 indices), int64 for index_add_all (its
@@ -407,37 +364,3 @@ def posterior_moments(flat, spec, second, window_ranges=None, component_kl=None)
     return function.apply(
         theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, spec, second, window_ranges
     )
-
-
-def kl_accumulator(component_kl, grad_kl):
-    """The float64 Σ λ̃ per component that the gate KL's backward fills, or None when the KL is absent
-    or its incoming gradient is exactly 0 (unused, or β = 0): then it adds nothing."""
-    if component_kl is None or grad_kl is None or not bool(grad_kl != 0):
-        return None
-    return torch.zeros(component_kl.numel(), dtype=torch.float64, device=component_kl.device)
-
-
-def kl_grad(component_kl, g_comp, grad_kl):
-    """∂KL/∂KL_wk = Σ_{i: w_i = w, k*_i = k} λ̃_i, times the incoming gradient, in component_kl's shape."""
-    if g_comp is None:
-        return None
-    return (grad_kl * g_comp).to(component_kl.dtype).reshape(component_kl.shape)
-
-
-def _kl_terms_sum(scaled, lam, mask, ck, prior_keep):
-    """Σ_i λ̃_i KL_{w_i,k*_i} + Σ_i KL(Bern(λ̃_i)‖Bern(λ)) in float64 from ℓ = s̃/τ', the masked λ̃ and each
-    weight's component KL ``ck`` (the Bernoulli term unless ``prior_keep`` is None; a gate the schedule
-    forced to zero has λ̃ = 0 and the constant −log(1 − λ))."""
-    total = (lam * ck).sum(dtype=torch.float64)
-    if prior_keep is not None:
-        terms = bernoulli_kl(scaled, prior_keep, keep=lam)  # λ̃ = 0 where masked: replaced just below
-        total += torch.where(mask, terms, -math.log1p(-prior_keep)).sum(dtype=torch.float64)
-    return total
-
-
-def _kl_gate_grads(scaled, lam_raw, lam, ck, tau, prior_keep, grad):
-    """∂KL/∂s̃ = (KL_{w,k*} + ℓ − logit λ) λ̃ (1 − λ̃)/τ' times the incoming ``grad``, from ℓ, the raw and masked
-    λ̃ and each weight's component KL ``ck`` (no ℓ − logit λ when ``prior_keep`` is None)."""
-    prior_logit = 0.0 if prior_keep is None else math.log(prior_keep) - math.log1p(-prior_keep)
-    dkl_dlam = ck + ((scaled - prior_logit) if prior_keep is not None else 0.0)
-    return dkl_dlam * lam * (1 - lam_raw) * (grad / tau)
