@@ -83,6 +83,17 @@ def test_gpt2_real_conv1d_layers_and_tied_head_round_trip(tmp_path):
 
     path = tmp_path / "gpt2.sqs"
     sqs.save(model, path, nonzero=0.5)
+    # Bayesian averaging of a ModelOutput's logits, in memory and from the file
+    average = sqs.BayesianAverage(
+        model, samples=2, nonzero=0.5, generator=torch.Generator().manual_seed(4), output=lambda out: out.logits
+    )
+    averaged = average(tokens)
+    assert averaged.shape == (4, 16, config.vocab_size) and torch.isfinite(averaged).all()
+    skeleton, _ = _gpt2(seed=5)
+    from_file = sqs.load_bayesian_average(
+        path, skeleton, samples=2, generator=torch.Generator().manual_seed(4), output=lambda out: out.logits
+    )
+    assert torch.equal(from_file(tokens), averaged)
     sqs.greedy_(model, nonzero=0.5)
     plain, _ = _gpt2(seed=3)  # other initial weights: everything must come from the file
     sqs.load(path, plain)

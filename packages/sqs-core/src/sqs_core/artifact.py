@@ -254,6 +254,7 @@ def load_bayesian_average(
     samples: int = 4,
     generator: torch.Generator | None = None,
     average: str = "outputs",
+    output: Callable[[Any], torch.Tensor] | None = None,
 ) -> BayesianAverage:
     """Bayesian averaging (eq. infer-bam) of ``samples`` draws from the artifact, over ``skeleton``.
 
@@ -263,13 +264,15 @@ def load_bayesian_average(
     """
     skeleton = _uncompiled(skeleton)
     _check_skeleton(skeleton)
-    check_arguments(samples, generator, average)
+    check_arguments(samples, generator, average, output)
     art = read_artifact(path)
     _check_alternatives(art)
     params = _check_state(art, skeleton)
     dists = art.posteriors()
     setters = {rec["layers"][0]: _setter([params[f"{n}.weight"] for n in rec["layers"]]) for rec in art.records}
-    bam = BayesianAverage.from_parts(skeleton, dists, setters, samples=samples, generator=generator, average=average)
+    bam = BayesianAverage.from_parts(
+        skeleton, dists, setters, samples=samples, generator=generator, average=average, output=output
+    )
     _load_state(art, skeleton, {name: d.weights() for name, d in dists.items()})
     return bam
 

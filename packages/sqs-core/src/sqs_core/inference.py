@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -127,9 +128,11 @@ def variational_(model: nn.Module) -> nn.Module:
 class BayesianAverage(nn.Module):
     """ŷ = (1/M) Σ_m f(x; θ̃^m) (eq. infer-bam) over M draws made once, at construction, from
     ``generator`` (so every batch sees the same M models). ``average="probs"`` averages softmax
-    probabilities instead of raw outputs. A forward sets each draw's weights in turn and then puts the
-    model's layers back as they were (variational, or their fixed weights), so the wrapped model can go
-    on training or be evaluated on its own."""
+    probabilities instead of raw outputs. ``output`` takes the model's output to the tensor averaged, for
+    models whose output is not a tensor (``lambda out: out.logits`` for a transformers model, whose
+    output is a ``ModelOutput``; ``lambda out: out[0]`` for a tuple). A forward sets each draw's weights in
+    turn and then puts the model's layers back as they were (variational, or their fixed weights), so the
+    wrapped model can go on training or be evaluated on its own."""
 
     def __init__(
         self,
@@ -140,28 +143,29 @@ class BayesianAverage(nn.Module):
         generator: torch.Generator | None = None,
         per_layer: bool = False,
         average: str = "outputs",
+        output: Callable[[Any], torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
-        check_arguments(samples, generator, average)
+        check_arguments(samples, generator, average, output)
         dists = discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer)
-        self._init(model, dists, _setters(model), samples, generator, average)
+        self._init(model, dists, _setters(model), samples, generator, (average, output))
         self._snapshot = partial(_layer_modes, model)
 
-    def _init(self, model, dists, setters, samples, generator, average) -> None:
+    def _init(self, model, dists, setters, samples, generator, averaging) -> None:
         self.model = model
-        self.average = average
+        self.average, self.output = averaging
         self._dists = dists
         self._setters = setters
         self.draws = [{name: d.draw(generator) for name, d in dists.items()} for _ in range(samples)]
 
     @classmethod
-    def from_parts(cls, model, dists, setters, *, samples=4, generator=None, average="outputs"):
+    def from_parts(cls, model, dists, setters, *, samples=4, generator=None, average="outputs", output=None):
         """Build from discrete posteriors and weight setters (used by ``sqs_core.load_bayesian_average``);
         a forward leaves the greedy weights set."""
-        check_arguments(samples, generator, average)
+        check_arguments(samples, generator, average, output)
         self = cls.__new__(cls)
         nn.Module.__init__(self)
-        self._init(model, dists, setters, samples, generator, average)
+        self._init(model, dists, setters, samples, generator, (average, output))
         self._snapshot = partial(_greedy_restorer, dists, setters)
         return self
 
@@ -173,7 +177,7 @@ class BayesianAverage(nn.Module):
             for levels in self.draws:
                 for name, d in self._dists.items():
                     self._setters[name](d.weights(levels[name]))
-                out = self.model(*args, **kwargs)
+                out = self._averaged_part(self.model(*args, **kwargs))
                 if self.average == "probs":
                     out = torch.softmax(out, dim=-1)
                 total = out if total is None else total + out
@@ -183,13 +187,30 @@ class BayesianAverage(nn.Module):
             raise RuntimeError("BayesianAverage holds no draws")
         return total / len(self.draws)
 
+    def _averaged_part(self, out: Any) -> torch.Tensor:
+        """The tensor of one draw's output that is averaged: ``output(out)``, or ``out`` itself."""
+        part = out if self.output is None else self.output(out)
+        if not (isinstance(part, torch.Tensor) and (part.is_floating_point() or part.is_complex())):
+            what = "output(model output)" if self.output is not None else "the model's output"
+            hint = "" if self.output is not None else "; pass output= to pick it (e.g. lambda out: out.logits)"
+            raise ValueError(f"BayesianAverage averages a floating-point tensor, but {what} is {_describe(part)}{hint}")
+        return part
 
-def check_arguments(samples, generator, average) -> None:
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor"
+    return f"a {type(value).__module__}.{type(value).__qualname__}"
+
+
+def check_arguments(samples, generator, average, output=None) -> None:
     """BayesianAverage's own arguments (also checked by ``load_bayesian_average`` before it loads)."""
     check_int("samples (M)", samples, 1)
     check_generator("generator", generator)
     if average not in ("outputs", "probs"):
         raise ValueError(f"average must be 'outputs' or 'probs', got {average!r}")
+    if output is not None and not callable(output):
+        raise ValueError(f"output must be None or a callable taking the model's output to a tensor, got {output!r}")
 
 
 def _layer_modes(model: nn.Module) -> Callable[[], None]:

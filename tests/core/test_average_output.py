@@ -1,0 +1,88 @@
+"""BayesianAverage over models whose output is not a tensor (a transformers ``ModelOutput``, a dict, a tuple):
+``output=`` picks the tensor to average; without it such an output is refused with a message naming its type
+and the argument, and the wrapped model's layers are left as they were."""
+
+import pytest
+import sqs_core as sqs
+import torch
+from torch import nn
+
+
+class WithExtras(nn.Module):
+    """A model that returns a dict, as transformers models return a ModelOutput."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 4))
+
+    def forward(self, x):
+        logits = self.body(x)
+        return {"logits": logits, "argmax": logits.argmax(-1)}
+
+
+def _prepared(seed: int = 0) -> WithExtras:
+    torch.manual_seed(seed)
+    model = sqs.prepare_(WithExtras(), sqs.SQSConfig(num_components=4))
+    with torch.no_grad():
+        for p in sqs.posteriors(model).values():
+            p.log_stds.add_(2.0)  # wide components: the draws differ from each other
+    object.__setattr__(next(iter(sqs.posteriors(model).values())).config, "temperature", 0.5)
+    return model
+
+
+@pytest.mark.parametrize("average", ["outputs", "probs"])
+def test_output_picks_the_tensor_averaged(average, tmp_path):
+    model, x = _prepared(), torch.randn(5, 6, generator=torch.Generator().manual_seed(1))
+    avg = sqs.BayesianAverage(
+        model,
+        samples=3,
+        nonzero=0.6,
+        generator=torch.Generator().manual_seed(2),
+        average=average,
+        output=lambda out: out["logits"],
+    )
+    expected = []
+    draws = torch.Generator().manual_seed(2)
+    for _ in range(3):  # the same draws, one at a time, from a generator in the same state
+        one = sqs.BayesianAverage(model, samples=1, nonzero=0.6, generator=draws, output=lambda out: out["logits"])
+        logits = one(x)
+        expected.append(torch.softmax(logits, -1) if average == "probs" else logits)
+    assert len({tuple(t.flatten().tolist()) for t in expected}) == 3  # three different draws
+    torch.testing.assert_close(avg(x), torch.stack(expected).mean(0), rtol=1e-6, atol=1e-7)
+    path = tmp_path / "model.sqs"
+    sqs.save(model, path, nonzero=0.6)
+    loaded = sqs.load_bayesian_average(
+        path,
+        WithExtras(),
+        samples=3,
+        generator=torch.Generator().manual_seed(2),
+        average=average,
+        output=lambda out: out["logits"],
+    )
+    assert torch.equal(loaded(x), avg(x))
+
+
+def test_a_non_tensor_output_is_refused_and_the_layers_are_put_back():
+    model, x = _prepared(), torch.randn(5, 6)
+    before = model(x)["logits"]
+    avg = sqs.BayesianAverage(model, samples=2, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"the model's output is a builtins\.dict; pass output="):
+        avg(x)
+    assert torch.equal(model(x)["logits"], before)  # variational again
+    picks_int = sqs.BayesianAverage(model, samples=2, output=lambda out: out["argmax"])
+    with pytest.raises(ValueError, match=r"output\(model output\) is a torch\.int64 tensor"):
+        picks_int(x)
+
+
+@pytest.mark.parametrize("bad", ["logits", 3])
+def test_output_must_be_callable(bad, tmp_path):
+    model = _prepared()
+    with pytest.raises(ValueError, match="output must be None or a callable"):
+        sqs.BayesianAverage(model, output=bad)
+    path = tmp_path / "model.sqs"
+    sqs.save(model, path, nonzero=0.6)
+    skeleton = WithExtras()
+    weights = [p.clone() for p in skeleton.parameters()]
+    with pytest.raises(ValueError, match="output must be None or a callable"):
+        sqs.load_bayesian_average(path, skeleton, output=bad)
+    assert all(torch.equal(a, b) for a, b in zip(weights, skeleton.parameters(), strict=True))  # nothing loaded
