@@ -74,4 +74,20 @@ def conv1d():
     )
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "conv1d": conv1d, "nested": Nested, "tied": Tied, "gptish": GPTish}
+def deconv():
+    """A decoder-like net: a transposed convolution upsamples 2×2 to 4×4."""
+    return nn.Sequential(
+        nn.Unflatten(1, (3, 2, 2)), nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(64, 5),
+    )  # fmt: skip
+
+
+MODELS = {
+    "mlp": mlp,
+    "cnn": cnn,
+    "conv1d": conv1d,
+    "deconv": deconv,
+    "nested": Nested,
+    "tied": Tied,
+    "gptish": GPTish,
+}

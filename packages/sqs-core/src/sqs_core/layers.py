@@ -31,8 +31,9 @@ __all__ = ["LayerAdapter", "SQSLayer", "adapter_for", "own_forward", "register_l
 
 @dataclass(frozen=True)
 class LayerAdapter:
-    """``forward(base, x, weight)`` runs the module with ``weight`` (bias included);
-    ``forward_no_bias(base, x, weight)`` the same linear map without bias (for the variance path).
+    """``forward(base, x, weight, *args, **kwargs)`` runs the module with ``weight`` (bias included; the layer's
+    call passes on any arguments after ``x``); ``forward_no_bias`` the same linear map without bias (for the
+    variance path).
     ``square_input``: the variance path maps x² (linear maps); False for lookups (embeddings), whose
     output variance is the looked-up weight variance."""
 
@@ -55,6 +56,23 @@ def _conv(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def _conv_no_bias(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return base._conv_forward(x, weight, None)
+
+
+_CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+def _conv_transpose(base: Any, x: torch.Tensor, weight: torch.Tensor, output_size=None, *, bias=None) -> torch.Tensor:
+    """nn.ConvTranspose1d/2d/3d's forward with ``weight`` (and its ``output_size`` argument)."""
+    if base.padding_mode != "zeros":
+        raise ValueError(f"Only `zeros` padding mode is supported for {type(base).__name__}")
+    dims = weight.dim() - 2
+    stride, padding, dilation = base.stride, base.padding, base.dilation
+    output_padding = base._output_padding(x, output_size, stride, padding, base.kernel_size, dims, dilation)
+    return _CONV_TRANSPOSE[dims](x, weight, bias, stride, padding, output_padding, base.groups, dilation)
+
+
+def _conv_transpose_with_bias(base: Any, x: torch.Tensor, weight: torch.Tensor, output_size=None) -> torch.Tensor:
+    return _conv_transpose(base, x, weight, output_size, bias=base.bias)
 
 
 def _conv1d_hf(base: Any, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
@@ -80,6 +98,8 @@ _REGISTRY: dict[type, LayerAdapter] = {
 }
 for _conv_type in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
     _REGISTRY[_conv_type] = LayerAdapter(forward=_conv, forward_no_bias=_conv_no_bias)
+for _conv_type in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d):
+    _REGISTRY[_conv_type] = LayerAdapter(forward=_conv_transpose_with_bias, forward_no_bias=_conv_transpose)
 _HF_CONV1D = LayerAdapter(forward=_conv1d_hf_with_bias, forward_no_bias=_conv1d_hf)
 
 
@@ -225,14 +245,16 @@ class SQSLayer(nn.Module):
         dtype = self.posterior.weight_dtype
         return mean.to(dtype), (None if var is None else var.to(dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The wrapped module's forward with the posterior's weight; arguments after ``x`` go to the adapter
+        (a transposed convolution's ``output_size``)."""
         moment_matched = self.training and self.posterior.config.likelihood == "moment_matched"  # fixed: no Var
         weight, var = self._weight_and_variance(second=moment_matched)
-        out = self.adapter.forward(self.base_layer, x, weight)
+        out = self.adapter.forward(self.base_layer, x, weight, *args, **kwargs)
         if var is None:  # fixed, or the plug-in likelihood: the forward at θ^avg
             return out
         var_input = x * x if self.adapter.square_input else x
-        out_var = self.adapter.forward_no_bias(self.base_layer, var_input, var)
+        out_var = self.adapter.forward_no_bias(self.base_layer, var_input, var, *args, **kwargs)
         return out + torch.sqrt(out_var.clamp_min(1e-12)) * torch.randn_like(out)
 
     def extra_repr(self) -> str:
