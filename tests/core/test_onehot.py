@@ -8,6 +8,7 @@ import pytest
 import sqs_core as sqs
 import torch
 import torch.nn.functional as F
+import uncovered
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from sqs_core import _nearby, chunked, onehot
@@ -289,3 +290,31 @@ def test_the_exp_floor_changes_no_float32_moment_or_gradient(seed, narrowing, se
     assert torch.allclose(mean, mean_ref, rtol=1e-6, atol=1e-30) and torch.allclose(var, var_ref, rtol=1e-6, atol=1e-30)
     for a, b in zip(ours, theirs, strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6 * float(b.abs().max()))
+
+
+@pytest.mark.parametrize("k", [3, 5, 9, 16, 17, 33])
+@pytest.mark.parametrize("narrowing", [0.0, -0.5])
+def test_tables_hold_only_the_columns_k_can_use(k, narrowing):
+    """A bin table keeps onehot.table_columns(K) nearby columns (the widest width below K, at least
+    LUMPED_SCAN; none for the standard responsibility), not NEARBY for every K: the tables of all layers
+    live from a training forward to its backward. Weights in bins of every width below K still match the
+    full formula."""
+    assert [onehot.table_columns(n) for n in (2, 4, 5, 8, 9, 16, 17, 32, 33, 64)] == [4, 4, 4, 4, 8, 8, 16, 16, 32, 32]
+    assert onehot.table_columns(64, "standard") == 0
+    g = torch.Generator().manual_seed(k)
+    w = torch.randn(60, 50, generator=g, dtype=torch.float64) * 0.1
+    config = sqs.SQSConfig(num_components=k, windows="outlier", responsibility="paper", temperature=5e-4)
+    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
+    with torch.no_grad():
+        p.log_stds.sub_(narrowing)
+        p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=torch.float64))
+    table = uncovered._blocks(p)[1]
+    assert table.nearby.shape[1] == onehot.table_columns(k)
+    counts = uncovered_counts(p)
+    if k > NEARBY_WIDTHS[0]:  # below, no width fits: uncovered weights take all K
+        assert sum(n for width, n in counts.items() if width in NEARBY_WIDTHS) > 20, counts
+    assert all(width < k for width in counts if width in NEARBY_WIDTHS), counts
+    _assert_matches_the_full_formula(p, True, g)
+    standard_config = sqs.SQSConfig(num_components=k, responsibility="standard")
+    standard = SpikeGMMPosterior(w, standard_config, generator=torch.Generator().manual_seed(0))
+    assert uncovered._blocks(standard)[1].nearby.shape[1] == 0

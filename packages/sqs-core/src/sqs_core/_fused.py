@@ -328,7 +328,7 @@ class FusedPosteriorMoments(torch.autograd.Function):
         one_hot = (gate_logits, mask, window_ids, kstar, classes, means, log_stds, component_kl, grad_mean, gv)
         g_gate = _one_hot_gradients(param_grads, g_comp, *one_hot, grad_kl, spec)
         inputs = (theta, gate_logits, mask, window_ids, grad_mean, gv)
-        nearby = rest[0]  # the bin table's (B, 16) nearby components; a block of width w uses the first w
+        nearby = rest[0]  # the bin table's (B, columns) nearby components; a block of width w uses the first w
         table_grads = TableGradients(leaves, ctx.second) if any(ctx.widths) else None
         for u, bins, width in unpack_blocks(rest[1:], ctx.widths):  # the uncovered weights: recomputed, as in chunked
             if width == ALL_LUMPED:

@@ -96,7 +96,7 @@ class BinTable:
     best: torch.Tensor  # (B,) uint8 component j_b within the owner's K
     mean_radius: torch.Tensor  # (2, B): μ_{j_b}, and the radius |θ − μ_{j_b}| ≤ radius that certifies (−1: none)
     several_windows: bool  # whether a weight's window must be checked against the bin's owner
-    nearby: torch.Tensor  # (B, NEARBY) int32 flat indices w·K + k of the bin's NEARBY largest Q_bk, largest first
+    nearby: torch.Tensor  # (B, table_columns(K)) int32 flat indices w·K + k of the bin's largest Q_bk, largest first
     near_width: torch.Tensor  # (B,) uint8: the fewest leading ``nearby`` columns (one of NEARBY_WIDTHS) outside
     # which every component has Q_bk ≤ lump_log_density (paper formula), 0 where even NEARBY leave some out,
     # ALL_LUMPED where every component does
@@ -169,16 +169,17 @@ def _near_widths(top_values, owner, kind, k, dtype):
 
 
 def _nearby_table(top_indices, bound_rows, near_width, owner, kind, k, dtype):
-    """(B, NEARBY) int32 flat indices w·K + k of each bin's largest bounds, largest first (int32: see
+    """(B, :func:`table_columns`) int32 flat indices w·K + k of each bin's largest bounds, largest first (int32: see
     chunked._flat_index). Every bin has its NARROW largest from ``top_indices``; a bin that needs more (its
     window's, paper formula, ``near_width`` 0 and K > NEARBY) gets its NEARBY largest from a topk of its own
     row of ``bound_rows``, and width NEARBY in ``near_width`` (in place) where the rest are negligible. Such bins
     are few (bunched means), and a topk of NEARBY + 1 over every bin took 51 against 34 ms for NARROW + 1 (65,536
     bins × 64 components, Intel Xeon, 2 threads). The columns past NARROW of the other bins are never read."""
-    row = owner.clamp(min=0)
-    nearby = torch.empty((row.numel(), NEARBY), dtype=torch.int32, device=row.device)
-    nearby[:, :NARROW] = (top_indices[:, :NARROW].clamp(max=k - 1) + row[:, None] * k).int()
-    nearby[:, NARROW:] = nearby[:, :1]
+    row, columns = owner.clamp(min=0), table_columns(k, kind)
+    nearby = torch.empty((row.numel(), columns), dtype=torch.int32, device=row.device)
+    narrow = min(NARROW, columns)
+    nearby[:, :narrow] = (top_indices[:, :narrow].clamp(max=k - 1) + row[:, None] * k).int()
+    nearby[:, narrow:] = nearby[:, :1]
     if kind != "paper" or k <= NEARBY:
         return nearby
     wide = flat_indices((near_width == 0) & (owner >= 0))
@@ -334,6 +335,17 @@ def bin_components(table: BinTable, theta: torch.Tensor, width: int) -> torch.Te
     """(width, n) int64 flat indices of the ``width`` largest-bound components of the bins of weights ``theta``
     (``width`` > 0): a column per component, as sqs_core._nearby evaluates them."""
     return components_of_bins(table.nearby[:, :width], bin_index(theta, table))
+
+
+def table_columns(k: int, kind: str = "paper") -> int:
+    """Columns of a bin table's ``nearby`` for K = ``k``: the widest class of NEARBY_WIDTHS a bin can take
+    (w < K, :func:`_near_widths`), at least :data:`LUMPED_SCAN`; none for the standard responsibility, whose
+    uncovered weights take all K. The table lives from a training forward to its
+    backward for every layer at once: 65,536 bins × 32 int32 columns are 8 MiB, six times the weights of a
+    576 × 576 layer, and held by each of a 30-block language model's 211 layers they were 1.7 GB."""
+    if kind != "paper":
+        return 0
+    return max([LUMPED_SCAN, *(w for w in NEARBY_WIDTHS if w < k)])
 
 
 def columns_of(width: int) -> int:
