@@ -304,7 +304,7 @@ def test_a_frozen_layer_is_compressed_with_a_trainable_posterior_and_the_log_say
 
 
 def test_functional_call_takes_the_kl_at_the_supplied_parameters_inside_the_call_and_warns_outside(caplog):
-    from sqs_core import posterior as posterior_module
+    from sqs_core import _forward_cache
     from torch.func import functional_call
 
     model = prepared()
@@ -325,7 +325,7 @@ def test_functional_call_takes_the_kl_at_the_supplied_parameters_inside_the_call
         for k, v in holder.named_parameters():
             v.copy_(supplied[k])
     assert inside.item() == sqs.Objective(holder, num_data=10)(F.cross_entropy(holder(X), Y)).item()
-    posterior_module._log_other_tensors.cache_clear()
+    _forward_cache.log_other_tensors.cache_clear()
     with caplog.at_level("WARNING", logger="sqs_core.posterior"):
         objective(F.cross_entropy(functional_call(model, supplied, (X,)), Y))  # the KL outside the call
         objective(F.cross_entropy(functional_call(model, supplied, (X,)), Y))
@@ -333,6 +333,6 @@ def test_functional_call_takes_the_kl_at_the_supplied_parameters_inside_the_call
     assert len(said) == 1 and "inside the functional call" in said[0]
     with caplog.at_level("WARNING", logger="sqs_core.posterior"):
         caplog.clear()
-        posterior_module._log_other_tensors.cache_clear()
+        _forward_cache.log_other_tensors.cache_clear()
         objective(F.cross_entropy(model(X), Y))
         assert not caplog.records  # an ordinary step says nothing

@@ -98,8 +98,8 @@ _REGISTRY: dict[type, LayerAdapter] = {
 }
 for _conv_type in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
     _REGISTRY[_conv_type] = LayerAdapter(forward=_conv, forward_no_bias=_conv_no_bias)
-for _conv_type in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d):
-    _REGISTRY[_conv_type] = LayerAdapter(forward=_conv_transpose_with_bias, forward_no_bias=_conv_transpose)
+for _transposed_type in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d):
+    _REGISTRY[_transposed_type] = LayerAdapter(forward=_conv_transpose_with_bias, forward_no_bias=_conv_transpose)
 _HF_CONV1D = LayerAdapter(forward=_conv1d_hf_with_bias, forward_no_bias=_conv1d_hf)
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ._checks import F32_STD_MIN, check_int
+from ._forward_cache import SharedMoments, log_other_tensors, pointers, tensor_key
 from ._gate_kl import gate_kl
 from ._posterior_init import initial_gate_logits, initial_mixtures
 from ._window_load import take_window_count
@@ -75,6 +76,7 @@ class SpikeGMMPosterior(nn.Module):
     window_edges: torch.Tensor
     mask: torch.Tensor  # the pruning schedule's hard mask (bool)
     gate_temperature: torch.Tensor  # τ' as a 0-d buffer (halved by GateTemperatureSchedule)
+    sharers: int = 1  # the SQS layers that share this posterior (tied weights); prepare_ sets it
 
     def __init__(self, weight: torch.Tensor, config: SQSConfig, *, generator: torch.Generator) -> None:
         super().__init__()
@@ -106,12 +108,13 @@ class SpikeGMMPosterior(nn.Module):
         self._pending_kl: tuple[torch.Tensor, tuple] | None = None  # (KL of the last forward, _kl_key then)
         self._ranges_key: tuple | None = None
         self._ranges = torch.zeros(0)
+        self._shared = SharedMoments()  # a tie's other layers take the first one's θ^avg (sqs_core._forward_cache)
 
     def __getstate__(self) -> dict:
         """The state to pickle or deepcopy, without the last forward's caches: its KL is part of that forward's
         autograd graph, which ``copy.deepcopy`` refuses to copy. A copy's :meth:`kl` computes the KL afresh."""
         state = dict(super().__getstate__())
-        state["_pending_kl"], state["_kstar"] = None, None
+        state["_pending_kl"], state["_kstar"], state["_shared"] = None, None, SharedMoments()
         return state
 
     # -- shapes and simple closed forms ---------------------------------------------------------
@@ -230,6 +233,9 @@ class SpikeGMMPosterior(nn.Module):
         on it also sums the gate KL in the same passes, for the next :meth:`kl` call."""
         self._check_precision()
         with_kl = torch.is_grad_enabled() and self.gate_logits.requires_grad
+        key = self._moments_key(second) if with_kl and self.sharers > 1 else None
+        if key is not None and (done := self._shared.lookup(key)) is not None:
+            return done  # a tie's other layer in the same forward: one evaluation, one autograd node
         weights = (self.weight, self.gate_logits)
         log_stds = self.floored_log_stds()
         flat = (*(t.reshape(-1) for t in weights), self.means, log_stds, self.mixing_logits)
@@ -240,7 +246,15 @@ class SpikeGMMPosterior(nn.Module):
         self._kstar = kstar
         self._pending_kl = (kl, self._kl_key()) if with_kl else None
         shape = self.weight.shape
-        return mean.reshape(shape), (var.reshape(shape) if second else None)
+        result = mean.reshape(shape), (var.reshape(shape) if second else None)
+        if key is not None:
+            self._shared.store(key, *result)
+        return result
+
+    def _moments_key(self, second: bool) -> tuple:
+        """What θ^avg and Var depend on: a forward's result stays current while this is unchanged."""
+        tensors = (self.weight, self.gate_logits, self.means, self.log_stds, self.mixing_logits, self.mask)
+        return (second, *tensor_key((*tensors, self.window_ids)), float(self.gate_temperature))
 
     def _window_ranges(self) -> torch.Tensor:
         """Each window's smallest and largest θ, (W, 2); cached until θ changes (a trained θ: every step)."""
@@ -263,8 +277,8 @@ class SpikeGMMPosterior(nn.Module):
         through the same backward as θ^avg); a later call, or one after the parameters changed, computes it
         again at the k* of the last forward. A call without gradients leaves the forward's KL in place."""
         pending, key = self._pending_kl, self._kl_key()
-        if pending is not None and _pointers(pending[1]) != _pointers(key):
-            _log_other_tensors()
+        if pending is not None and pointers(pending[1]) != pointers(key):
+            log_other_tensors()
         if pending is not None and pending[1] == key:
             if not torch.is_grad_enabled():
                 return pending[0].detach()
@@ -282,8 +296,7 @@ class SpikeGMMPosterior(nn.Module):
 
     def _kl_key(self) -> tuple:
         """What the gate KL depends on besides k*: a forward's KL is current while this is unchanged."""
-        tensors = (self.gate_logits, self.means, self.log_stds, self.mask)
-        return (*((t.data_ptr(), t._version) for t in tensors), float(self.gate_temperature))
+        return (*tensor_key((self.gate_logits, self.means, self.log_stds, self.mask)), float(self.gate_temperature))
 
     # -- inference ----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -375,23 +388,6 @@ class SpikeGMMPosterior(nn.Module):
         k = self.num_components
         flat = self.window_ids.reshape(-1).long() * k + levels.reshape(-1).long()
         return self.means.detach().reshape(-1)[flat].reshape(self.weight.shape)
-
-
-def _pointers(key: tuple) -> list[int]:
-    return [entry[0] for entry in key[:4]]  # _kl_key's (data_ptr, version) pairs
-
-
-@functools.cache
-def _log_other_tensors() -> None:
-    """Once per process (cached): the last forward ran on other tensors than the module's parameters (not the
-    same storage, as after an optimizer step, but others: torch.func.functional_call), and the KL is computed
-    again from the module's own, not from those the forward used."""
-    log.warning(
-        "SpikeGMMPosterior.kl(): the last forward used other tensors than the posterior's parameters "
-        "(torch.func.functional_call?); the KL is computed from the module's own. To take the KL at the "
-        "supplied parameters, compute the objective inside the functional call (a module whose forward "
-        "returns objective(nll))"
-    )
 
 
 def sampling_probs(phi: torch.Tensor) -> torch.Tensor:

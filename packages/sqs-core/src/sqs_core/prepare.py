@@ -125,6 +125,8 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
             raise RuntimeError(f"internal: no adapter for the chosen layer {_name!r}")
         wrappers.append((module, SQSLayer(module, posterior, adapter)))
         _pin_padding_row(module, posterior)
+    for _, wrapper in wrappers:
+        wrapper.posterior.sharers = sum(other.posterior is wrapper.posterior for _, other in wrappers)
     frozen = [name for name, module, _ in chosen if not cast(torch.Tensor, module.weight).requires_grad]
     for module, wrapper in wrappers:  # mutate only once everything above succeeded
         del module._parameters["weight"]

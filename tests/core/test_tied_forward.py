@@ -1,0 +1,124 @@
+"""Tied layers (a head sharing its token embedding's weight) share one posterior, evaluated once per training
+forward: the other layers of the tie take the first call's θ^avg (sqs_core._forward_cache), so the posterior's
+forward and backward run once, not once per layer, and the gradients are those of separate evaluations."""
+
+import copy
+
+import pytest
+import sqs_core as sqs
+import torch
+from sqs_core import posterior as posterior_module
+from torch import nn
+
+
+class TiedLM(nn.Module):
+    """A language-model shape: the head's weight is the token embedding's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(40, 16)
+        self.body = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 40, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.body(self.embed(tokens))))
+
+
+def _model():
+    torch.manual_seed(0)
+    return sqs.prepare_(TiedLM(), sqs.SQSConfig(num_components=4))
+
+
+def _loss(model, tokens):
+    logits = model(tokens)
+    nll = nn.functional.cross_entropy(logits.reshape(-1, 40), tokens.roll(1, 1).reshape(-1))
+    return sqs.Objective(model, num_data=100)(nll)
+
+
+def _count_evaluations(monkeypatch):
+    calls = []
+    original = posterior_module.posterior_moments
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(posterior_module, "posterior_moments", counting)
+    return calls
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_a_tie_is_evaluated_once_per_forward_with_the_gradients_of_two(monkeypatch):
+    tokens = torch.randint(0, 40, (4, 6), generator=torch.Generator().manual_seed(1))
+    model, separate = _model().double(), _model().double()  # float64: sums in another order agree to 1e-12
+    tied = sqs.posteriors(model)["embed"]
+    assert tied.sharers == 2 and sqs.posteriors(model)["body"].sharers == 1
+    sqs.posteriors(separate)["embed"].sharers = 1  # the old behaviour: each layer evaluates it
+    calls = _count_evaluations(monkeypatch)
+    _loss(model, tokens).backward()
+    assert len(calls) == 2  # the tie once, the body once
+    _loss(separate, tokens).backward()
+    assert len(calls) == 2 + 3
+    ours, theirs = _grads(model), _grads(separate)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-9, atol=1e-12)
+
+
+def test_no_result_outlives_a_backward_or_a_parameter_change(monkeypatch):
+    """Gradient accumulation (two forward/backward pairs before a step), a step, a forward that calls only one
+    layer of the tie, and an evaluation without gradients each get a correct θ^avg and a usable graph."""
+    tokens = torch.randint(0, 40, (4, 6), generator=torch.Generator().manual_seed(2))
+    model = _model()
+    opt = torch.optim.AdamW(sqs.param_groups(model, gate_lr=1e-3))
+    calls = _count_evaluations(monkeypatch)
+    _loss(model, tokens).backward()
+    _loss(model, tokens).backward()  # the first backward consumed the shared graph: a new one is built
+    assert len(calls) == 4
+    opt.step()
+    opt.zero_grad()
+    embedded = model.embed(tokens)  # only one layer of the tie, then a backward
+    embedded.square().mean().backward()
+    logits = model(tokens)  # a fresh evaluation: the last one's graph went through a backward
+    logits.square().mean().backward()
+    assert len(calls) == 4 + 1 + 2
+    with torch.no_grad():  # no gradients: every call evaluates (nothing is kept)
+        model(tokens)
+    assert len(calls) == 4 + 1 + 2 + 3
+    hidden = model.embed(tokens)  # one layer of the tie with gradients on, its parameters changed, the other
+    with torch.no_grad():
+        sqs.posteriors(model)["embed"].means.mul_(1.5)
+    changed = model.head(hidden)
+    fixed_head = nn.functional.linear(hidden, sqs.posteriors(model)["embed"].moments()[0].detach())
+    torch.testing.assert_close(changed, fixed_head)  # the new means, not the first call's θ^avg
+    reference = copy.deepcopy(model)
+    sqs.posteriors(reference)["embed"].sharers = 1
+    with torch.no_grad():
+        sqs.posteriors(model)["embed"].gate_logits.add_(0.3)  # in place, between forwards: a new version
+        sqs.posteriors(reference)["embed"].gate_logits.add_(0.3)
+    assert torch.equal(model(tokens), reference(tokens))
+
+
+@pytest.mark.parametrize("likelihood", ["plugin", "moment_matched"])
+def test_gpt2_style_tie_trains_and_round_trips(likelihood, tmp_path):
+    tokens = torch.randint(0, 40, (4, 6), generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(0)
+    model = sqs.prepare_(TiedLM(), sqs.SQSConfig(num_components=4, likelihood=likelihood))
+    opt = torch.optim.AdamW(sqs.param_groups(model, gate_lr=1e-3))
+    for _ in range(3):
+        loss = _loss(model, tokens)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert torch.isfinite(loss)
+    model.eval()
+    sqs.save(model, tmp_path / "tied.sqs", nonzero=0.5)
+    sqs.greedy_(model, nonzero=0.5)
+    plain = sqs.load(tmp_path / "tied.sqs", TiedLM())
+    assert plain.head.weight is plain.embed.weight
+    with torch.no_grad():
+        assert torch.equal(plain(tokens), model(tokens))
