@@ -148,12 +148,12 @@ class BayesianAverage(nn.Module):
         super().__init__()
         check_arguments(samples, generator, average, output)
         dists = discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer)
-        self._init(model, dists, _setters(model), samples, generator, (average, output))
+        self._init(model, dists, _setters(model), samples, generator, average, output)
         self._snapshot = partial(_layer_modes, model)
 
-    def _init(self, model, dists, setters, samples, generator, averaging) -> None:
+    def _init(self, model, dists, setters, samples, generator, average, output) -> None:
         self.model = model
-        self.average, self.output = averaging
+        self.average, self.output = average, output
         self._dists = dists
         self._setters = setters
         self.draws = [{name: d.draw(generator) for name, d in dists.items()} for _ in range(samples)]
@@ -165,7 +165,7 @@ class BayesianAverage(nn.Module):
         check_arguments(samples, generator, average, output)
         self = cls.__new__(cls)
         nn.Module.__init__(self)
-        self._init(model, dists, setters, samples, generator, (average, output))
+        self._init(model, dists, setters, samples, generator, average, output)
         self._snapshot = partial(_greedy_restorer, dists, setters)
         return self
 

@@ -253,8 +253,7 @@ class SpikeGMMPosterior(nn.Module):
 
     def _moments_key(self, second: bool) -> tuple:
         """What θ^avg and Var depend on: a forward's result stays current while this is unchanged."""
-        tensors = (self.weight, self.gate_logits, self.means, self.log_stds, self.mixing_logits, self.mask)
-        return (second, *tensor_key((*tensors, self.window_ids)), float(self.gate_temperature))
+        return (second, *self._kl_key(), *tensor_key((self.weight, self.mixing_logits, self.window_ids)))
 
     def _window_ranges(self) -> torch.Tensor:
         """Each window's smallest and largest θ, (W, 2); cached until θ changes (a trained θ: every step)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
 from typing import cast
 
 import torch
@@ -125,8 +126,9 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
             raise RuntimeError(f"internal: no adapter for the chosen layer {_name!r}")
         wrappers.append((module, SQSLayer(module, posterior, adapter)))
         _pin_padding_row(module, posterior)
-    for _, wrapper in wrappers:
-        wrapper.posterior.sharers = sum(other.posterior is wrapper.posterior for _, other in wrappers)
+    layers_per_posterior = Counter(id(wrapper.posterior) for _, wrapper in wrappers)
+    for posterior in shared.values():
+        posterior.sharers = layers_per_posterior[id(posterior)]
     frozen = [name for name, module, _ in chosen if not cast(torch.Tensor, module.weight).requires_grad]
     for module, wrapper in wrappers:  # mutate only once everything above succeeded
         del module._parameters["weight"]
