@@ -19,16 +19,19 @@ import argparse
 import glob
 import json
 import os
-import platform
 import resource
 import site
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sqs-core" / "benchmarks"))
+from _timing import machine_info
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -110,9 +113,8 @@ def main() -> None:
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
         "prepare_s": prepare_s,
         "loss": float(loss.detach()),
-        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                    "torch": torch.__version__},
-    }  # fmt: skip
+        "machine": machine_info(),
+    }
     print(json.dumps(result))
     if args.json:
         with open(args.json, "a") as f:
