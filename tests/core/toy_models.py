@@ -82,6 +82,12 @@ def deconv():
     )  # fmt: skip
 
 
+def attention():
+    """A transformer block (nn.MultiheadAttention's in_proj and out_proj, two Linears) over 3 tokens of width 4."""
+    block = nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0, batch_first=True)
+    return nn.Sequential(nn.Unflatten(1, (3, 4)), block, nn.Flatten(), nn.Linear(12, 5))
+
+
 MODELS = {
     "mlp": mlp,
     "cnn": cnn,
@@ -90,4 +96,5 @@ MODELS = {
     "nested": Nested,
     "tied": Tied,
     "gptish": GPTish,
+    "attention": attention,
 }

@@ -267,6 +267,27 @@ def _slices(where: str, records: list, blobs: torch.Tensor) -> dict[str, torch.T
     return out
 
 
+def weight_keys(rec: dict) -> list[str]:
+    """The state keys of a record's tensor, one per layer: ``{layer}.weight``, or ``{layer}.{parameter}`` where
+    the record lists ``parameters`` (one per layer; ``in_proj_weight`` of an nn.MultiheadAttention)."""
+    names = rec.get("parameters") or ["weight"] * len(rec["layers"])
+    return [f"{layer}.{name}" for layer, name in zip(rec["layers"], names, strict=True)]
+
+
+def _check_parameters(where: str, rec: dict) -> None:
+    names = rec.get("parameters")
+    if names is None:
+        return
+    if not (
+        isinstance(names, list)
+        and len(names) == len(rec["layers"])
+        and all(isinstance(n, str) and n.isidentifier() for n in names)
+    ):
+        raise ValueError(
+            f"{where}: record {rec['layers'][0]!r} has bad parameter names {names!r} (one identifier per layer)"
+        )
+
+
 def _first_layer(where: str, rec: Any) -> str:
     layers = rec.get("layers") if isinstance(rec, dict) else None
     if not isinstance(layers, list) or not layers or not all(isinstance(n, str) for n in layers):
@@ -289,12 +310,13 @@ def _split_tensors(where: str, header: dict, tensors: dict[str, torch.Tensor]):
         raise ValueError(f"{where}: two compressed records share the name of their first layer")
     for rec, (name, blob) in zip(records, blobs.items(), strict=True):
         check_record(name, rec, blob.numel())
+        _check_parameters(where, rec)
         _check_codebook(where, name, rec, blob)
     stray = sorted(n for n in tensors if n.startswith(PREFIX) and n not in known)
     if stray:
         raise ValueError(f"{where}: unexpected entries {stray}")
     dense = {n: t for n, t in tensors.items() if not n.startswith(PREFIX)}
-    weights = Counter(f"{layer}.weight" for rec in records for layer in rec["layers"])
+    weights = Counter(key for rec in records for key in weight_keys(rec))
     clash = sorted(w for w, count in weights.items() if count > 1 or w in dense)
     if clash:
         raise ValueError(f"{where}: {clash} are stored more than once (in two records or also as dense tensors)")

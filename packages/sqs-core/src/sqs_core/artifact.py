@@ -18,7 +18,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._artifact_file import FORMAT_VERSION, MAGIC, PREFIX, Artifact, check_path, container, read_artifact
+from ._artifact_file import (
+    FORMAT_VERSION,
+    MAGIC,
+    PREFIX,
+    Artifact,
+    check_path,
+    container,
+    read_artifact,
+    weight_keys,
+)
 from ._artifact_layout import FLOAT_DTYPES, encode
 from ._checks import check_flag, check_generator
 from ._safetensors_format import safetensors_chunks
@@ -49,17 +58,27 @@ def _plain_key(key: str, sqs_paths: set[str]) -> str | None:
     return ".".join(kept)
 
 
-def _layer_groups(model: nn.Module) -> tuple[dict[str, list[str]], set[str]]:
-    """Posterior name -> every plain layer name that uses it (tied or repeated layers); all SQS paths."""
+def _layer_groups(model: nn.Module) -> tuple[dict[str, dict[str, str]], set[str]]:
+    """Posterior name -> {plain layer name: the parameter it compresses} of every layer that uses it (tied or
+    repeated layers), in traversal order; all SQS paths."""
     names = {id(p): name for name, p in posteriors(model).items()}
     paths = {path for path, m in model.named_modules(remove_duplicate=False) if isinstance(m, SQSLayer)}
-    groups: dict[str, list[str]] = {name: [] for name in names.values()}
+    groups: dict[str, dict[str, str]] = {name: {} for name in names.values()}
     for path, m in model.named_modules(remove_duplicate=False):
         if isinstance(m, SQSLayer):
             plain = _plain_key(path, paths)
-            if plain is not None and plain not in groups[names[id(m.posterior)]]:
-                groups[names[id(m.posterior)]].append(plain)
+            if plain is not None:
+                groups[names[id(m.posterior)]].setdefault(plain, m.adapter.weight_name)
     return groups, paths
+
+
+def _layer_fields(group: dict[str, str]) -> dict[str, list[str]]:
+    """A record's ``layers`` (the first plain layer name identifies it) and, where a layer compresses another
+    parameter than ``weight``, ``parameters`` (one per layer)."""
+    fields = {"layers": list(group)}
+    if any(name != "weight" for name in group.values()):
+        fields["parameters"] = list(group.values())
+    return fields
 
 
 def _dense_state(model: nn.Module, sqs_paths: set[str]) -> dict[str, torch.Tensor]:
@@ -106,7 +125,7 @@ def save(
     records, blobs = [], []
     for name, d in dists.items():
         record, blob = encode(d, alternatives=include_alternatives)
-        records.append({"layers": groups[name], **record})  # the first plain layer name identifies it
+        records.append({**_layer_fields(groups[name]), **record})
         blobs.append(blob)
     dense = _dense_state(model, sqs_paths)
     body = {
@@ -134,7 +153,8 @@ def upgrade(source: str | os.PathLike, target: str | os.PathLike) -> None:
     records, blobs = [], []
     for rec, d in zip(art.records, art.posteriors().values(), strict=True):
         record, blob = encode(d, alternatives=bool(art.header.get("alternatives")))
-        records.append({"layers": rec["layers"], **record, "windows": rec["windows"]})
+        names = {"layers": rec["layers"], **({"parameters": rec["parameters"]} if "parameters" in rec else {})}
+        records.append({**names, **record, "windows": rec["windows"]})
         blobs.append(blob)
     keys = ("config", "nonzero", "per_layer", "alternatives")
     body = {**{k: art.header.get(k) for k in keys}, "compressed": records}
@@ -160,8 +180,8 @@ def _check_state(art: Artifact, skeleton: nn.Module) -> dict[str, torch.Tensor]:
     written; returns the skeleton's state (its tensors, detached)."""
     kinds = {key: (tuple(value.shape), value.dtype) for key, value in art.dense.items()}
     for rec in art.records:
-        for layer in rec["layers"]:
-            kinds[f"{layer}.weight"] = (tuple(rec["shape"]), FLOAT_DTYPES[rec["dtype"]])
+        for key in weight_keys(rec):
+            kinds[key] = (tuple(rec["shape"]), FLOAT_DTYPES[rec["dtype"]])
     expected = skeleton.state_dict(keep_vars=True)
     missing, unexpected = sorted(set(expected) - set(kinds)), sorted(set(kinds) - set(expected))
     if missing or unexpected:
@@ -185,8 +205,8 @@ def _load_state(art: Artifact, skeleton: nn.Module, weights: dict[str, torch.Ten
     tensors cost nothing here: ``copy_`` from an alias of the same data returns at once."""
     state = dict(art.dense)
     for rec in art.records:
-        for layer in rec["layers"]:
-            state[f"{layer}.weight"] = weights[rec["layers"][0]]
+        for key in weight_keys(rec):
+            state[key] = weights[rec["layers"][0]]
     skeleton.load_state_dict(state, strict=True)
 
 
@@ -226,7 +246,7 @@ def load(
     art = read_artifact(path)
     params = _check_state(art, skeleton)
     if mode == "greedy":  # decoded straight into the skeleton's weights (after every check of the file)
-        weights = art.weights(into={rec["layers"][0]: params[f"{rec['layers'][0]}.weight"] for rec in art.records})
+        weights = art.weights(into={rec["layers"][0]: params[weight_keys(rec)[0]] for rec in art.records})
     else:
         _check_alternatives(art)
         weights = {name: d.weights(d.draw(generator)) for name, d in art.posteriors().items()}
@@ -269,7 +289,7 @@ def load_bayesian_average(
     _check_alternatives(art)
     params = _check_state(art, skeleton)
     dists = art.posteriors()
-    setters = {rec["layers"][0]: _setter([params[f"{n}.weight"] for n in rec["layers"]]) for rec in art.records}
+    setters = {rec["layers"][0]: _setter([params[key] for key in weight_keys(rec)]) for rec in art.records}
     bam = BayesianAverage.from_parts(
         skeleton, dists, setters, samples=samples, generator=generator, average=average, output=output
     )

@@ -3,7 +3,8 @@
 Modes:
 * ``variational`` (after ``prepare_``): training forward with θ^avg (plug-in, eq. approx_elbo) or, with
   ``likelihood="moment_matched"`` in training mode, a local-reparameterisation sample of the output
-  (mean from θ^avg, variance from Var_q(θ̃)), an estimate of E_q[NLL] rather than the plug-in.
+  (mean from θ^avg, variance from Var_q(θ̃)), an estimate of E_q[NLL] rather than the plug-in; a module whose
+  output is not linear in its weight (attention's in_proj) draws the weight instead, θ^avg + sqrt(Var_q)·ε.
   In eval mode the variational forward uses θ^avg without noise.
 * ``fixed``: a concrete sparse quantized weight (greedy or a posterior draw) set by sqs_core.inference.
 
@@ -33,13 +34,20 @@ __all__ = ["LayerAdapter", "SQSLayer", "adapter_for", "own_forward", "register_l
 class LayerAdapter:
     """``forward(base, x, weight, *args, **kwargs)`` runs the module with ``weight`` (bias included; the layer's
     call passes on any arguments after ``x``); ``forward_no_bias`` the same linear map without bias (for the
-    variance path).
+    variance path of the moment-matched likelihood), or None for a module whose output is not linear in its
+    weight (attention): that likelihood then draws the weight itself, θ^avg + sqrt(Var_q)·ε.
     ``square_input``: the variance path maps x² (linear maps); False for lookups (embeddings), whose
-    output variance is the looked-up weight variance."""
+    output variance is the looked-up weight variance.
+    ``weight_name``: the parameter SQS compresses (``in_proj_weight`` for nn.MultiheadAttention); the SQS layer
+    answers it with its current weight. ``passes``: private attributes or methods of the wrapped module that model
+    code reads on the layer and that do not depend on the weight (nn.TransformerEncoderLayer's fast path reads
+    ``self_attn._qkv_same_embed_dim`` and calls ``self_attn.merge_masks``)."""
 
-    forward: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]  # base: the wrapped module
-    forward_no_bias: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
+    forward: Callable[..., Any]  # (base, x, weight, *args, **kwargs); base: the wrapped module
+    forward_no_bias: Callable[..., torch.Tensor] | None
     square_input: bool = True
+    weight_name: str = "weight"
+    passes: frozenset[str] = frozenset()
 
 
 def _linear(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -91,6 +99,13 @@ def _embedding(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     return F.embedding(x, weight, base.padding_idx, base.max_norm, base.norm_type, base.scale_grad_by_freq, base.sparse)
 
 
+def _multihead_attention(base: Any, query: torch.Tensor, weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """nn.MultiheadAttention's own forward (masks, batch_first, its fast path) with ``weight`` as
+    ``in_proj_weight``; ``out_proj`` is a Linear, compressed as a layer of its own and read as
+    ``out_proj.weight`` (SQSLayer.weight). ``torch.func.functional_call`` substitutes the tensor for this call."""
+    return torch.func.functional_call(base, {"in_proj_weight": weight}, (query, *args), kwargs)
+
+
 # module-level functions, not lambdas, so that a prepared model pickles (torch.save(model))
 _REGISTRY: dict[type, LayerAdapter] = {
     nn.Linear: LayerAdapter(forward=_linear, forward_no_bias=_linear_no_bias),
@@ -100,6 +115,12 @@ for _conv_type in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
     _REGISTRY[_conv_type] = LayerAdapter(forward=_conv, forward_no_bias=_conv_no_bias)
 for _transposed_type in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d):
     _REGISTRY[_transposed_type] = LayerAdapter(forward=_conv_transpose_with_bias, forward_no_bias=_conv_transpose)
+_REGISTRY[nn.MultiheadAttention] = LayerAdapter(
+    forward=_multihead_attention,
+    forward_no_bias=None,
+    weight_name="in_proj_weight",
+    passes=frozenset({"_qkv_same_embed_dim", "merge_masks"}),
+)
 _HF_CONV1D = LayerAdapter(forward=_conv1d_hf_with_bias, forward_no_bias=_conv1d_hf)
 
 
@@ -107,8 +128,14 @@ def register_layer_type(layer_type: type, adapter: LayerAdapter) -> None:
     """Make modules of ``layer_type`` (with a ``weight`` parameter) eligible for ``prepare_``."""
     if not isinstance(layer_type, type) or not issubclass(layer_type, nn.Module):
         raise ValueError(f"layer_type must be an nn.Module subclass, got {layer_type!r}")
-    if not isinstance(adapter, LayerAdapter) or not (callable(adapter.forward) and callable(adapter.forward_no_bias)):
-        raise ValueError(f"adapter must be a LayerAdapter with callable forward and forward_no_bias, got {adapter!r}")
+    if not isinstance(adapter, LayerAdapter) or not callable(adapter.forward):
+        raise ValueError(f"adapter must be a LayerAdapter with a callable forward, got {adapter!r}")
+    if adapter.forward_no_bias is not None and not callable(adapter.forward_no_bias):
+        raise ValueError(f"adapter.forward_no_bias must be callable or None, got {adapter.forward_no_bias!r}")
+    if not isinstance(adapter.weight_name, str) or not adapter.weight_name.isidentifier():
+        raise ValueError(f"adapter.weight_name must name a parameter (an identifier), got {adapter.weight_name!r}")
+    if not isinstance(adapter.passes, frozenset) or not all(isinstance(n, str) for n in adapter.passes):
+        raise ValueError(f"adapter.passes must be a frozenset of attribute names, got {adapter.passes!r}")
     _REGISTRY[layer_type] = adapter
 
 
@@ -161,13 +188,25 @@ def _variational_before_load(layer: SQSLayer, state_dict: dict, prefix: str, *_:
 _OWN = frozenset({"base_layer", "posterior", "adapter", "mode", "fixed_weight", "training"})
 
 
+def _compressed_name(layer: nn.Module) -> str | None:
+    """The name of the wrapped module's parameter that the posterior replaced (``weight``, ``in_proj_weight``)."""
+    adapter = layer.__dict__.get("adapter")
+    return adapter.weight_name if adapter is not None else None
+
+
 def _passes_to(layer: nn.Module, name: str) -> nn.Module | None:
     """The wrapped module if ``layer.name`` means its data attribute ``name``: one of its instance attributes or
-    its parameters or buffers (not ``weight``, which the posterior replaced), never a private name."""
+    its parameters, buffers or submodules (not the weight, which the posterior replaced), never a private name,
+    unless the adapter lists ``name`` in its ``passes``."""
     base = layer.__dict__.get("_modules", {}).get("base_layer")
-    if base is None or name.startswith("_") or name in _OWN or name == "weight":
+    if base is None or name in _OWN or name in ("weight", _compressed_name(layer)):
         return None
-    if name in base.__dict__ or name in base._parameters or name in base._buffers:
+    adapter = layer.__dict__.get("adapter")
+    if adapter is not None and name in adapter.passes:
+        return base
+    if name.startswith("_"):
+        return None
+    if name in base.__dict__ or name in base._parameters or name in base._buffers or name in base._modules:
         return base
     return None
 
@@ -215,6 +254,8 @@ class SQSLayer(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
+            if name == _compressed_name(self) and name != "weight":  # layer.in_proj_weight: what it computes with
+                return self.weight
             base = _passes_to(self, name)
             if base is None:
                 raise
@@ -223,9 +264,9 @@ class SQSLayer(nn.Module):
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "bias":  # nn.Module would register a second 'bias' or find no setter on the property
             self.base_layer.bias = value
-        elif name == "weight":
+        elif name in ("weight", _compressed_name(self)):
             raise AttributeError(
-                "SQSLayer.weight is computed from the posterior (θ^avg) or the fixed weight and cannot be assigned: "
+                f"SQSLayer.{name} is computed from the posterior (θ^avg) or the fixed weight and cannot be assigned: "
                 "set a concrete weight with set_fixed_weight(weight), or prepare a plain module again to start from "
                 "another pretrained weight"
             )
@@ -250,11 +291,15 @@ class SQSLayer(nn.Module):
         (a transposed convolution's ``output_size``)."""
         moment_matched = self.training and self.posterior.config.likelihood == "moment_matched"  # fixed: no Var
         weight, var = self._weight_and_variance(second=moment_matched)
+        forward_no_bias = self.adapter.forward_no_bias
+        if var is not None and forward_no_bias is None:  # not linear in the weight: draw the weight itself
+            weight = weight + var.clamp_min(1e-12).sqrt() * torch.randn_like(var)
+            var = None
         out = self.adapter.forward(self.base_layer, x, weight, *args, **kwargs)
-        if var is None:  # fixed, or the plug-in likelihood: the forward at θ^avg
+        if var is None or forward_no_bias is None:  # fixed, the plug-in likelihood, or a drawn weight
             return out
         var_input = x * x if self.adapter.square_input else x
-        out_var = self.adapter.forward_no_bias(self.base_layer, var_input, var, *args, **kwargs)
+        out_var = forward_no_bias(self.base_layer, var_input, var, *args, **kwargs)
         return out + torch.sqrt(out_var.clamp_min(1e-12)) * torch.randn_like(out)
 
     def extra_repr(self) -> str:

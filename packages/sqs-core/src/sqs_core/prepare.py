@@ -65,7 +65,13 @@ def _select(model: nn.Module, config: SQSConfig):
     for _, module in model.named_modules(remove_duplicate=False):
         if id(module) in seen or module is model or adapter_for(module) is None:
             continue
-        if not isinstance(getattr(module, "weight", None), torch.Tensor):
+        if not isinstance(getattr(module, _weight_name(module), None), torch.Tensor):
+            if isinstance(module, nn.MultiheadAttention):
+                log.info(
+                    "prepare_: nn.MultiheadAttention %r has separate q/k/v projection weights (kdim/vdim ≠ embed_dim): "
+                    "they stay dense; its out_proj is compressed",
+                    refs[id(module)][0][2],
+                )
             continue
         seen.add(id(module))
         eligible.append((refs[id(module)][0][2], module))
@@ -116,7 +122,7 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     shared: dict[int, SpikeGMMPosterior] = {}
     wrappers: list[tuple[nn.Module, SQSLayer]] = []
     for _name, module, layer_config in chosen:
-        weight = module.weight
+        weight = _weight(module)
         posterior = shared.get(id(weight))
         if posterior is None:
             posterior = SpikeGMMPosterior(weight, layer_config, generator=generator)
@@ -129,10 +135,10 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     layers_per_posterior = Counter(id(wrapper.posterior) for _, wrapper in wrappers)
     for posterior in shared.values():
         posterior.sharers = layers_per_posterior[id(posterior)]
-    frozen = [name for name, module, _ in chosen if not cast(torch.Tensor, module.weight).requires_grad]
+    frozen = [name for name, module, _ in chosen if not _weight(module).requires_grad]
     for module, wrapper in wrappers:  # mutate only once everything above succeeded
-        del module._parameters["weight"]
-        module.register_parameter("weight", None)
+        del module._parameters[wrapper.adapter.weight_name]
+        module.register_parameter(wrapper.adapter.weight_name, None)
         for parent, attr, _ in refs[id(module)]:
             parent._modules[attr] = wrapper
     setattr(model, _MARK, config)
@@ -153,20 +159,32 @@ def _log_frozen(names: list[str]) -> None:
         )
 
 
+def _weight_name(module: nn.Module) -> str:
+    """The name of the parameter of an eligible ``module`` that SQS compresses (LayerAdapter.weight_name)."""
+    adapter = adapter_for(module)
+    return adapter.weight_name if adapter is not None else "weight"
+
+
+def _weight(module: nn.Module) -> torch.Tensor:
+    """The tensor SQS compresses in a chosen ``module`` (_select keeps only modules where it is a tensor)."""
+    return cast(torch.Tensor, getattr(module, _weight_name(module)))
+
+
 def _check_weight(name: str, module: nn.Module) -> None:
     """A clear ValueError, before anything changes, for a weight SQS cannot take over."""
-    if parametrize.is_parametrized(module, "weight"):
+    attr = _weight_name(module)
+    if parametrize.is_parametrized(module, attr):
         raise ValueError(
             f"layer {name!r} has a parametrized weight (torch.nn.utils.parametrize: weight_norm, spectral_norm, ...); "
             "SQS replaces a plain weight tensor: remove the parametrization first "
-            "(torch.nn.utils.parametrize.remove_parametrizations(module, 'weight')) or exclude the layer"
+            f"(torch.nn.utils.parametrize.remove_parametrizations(module, {attr!r})) or exclude the layer"
         )
-    weight = cast(torch.Tensor, module.weight)  # _select keeps only modules whose weight is a tensor
+    weight = _weight(module)
     if isinstance(weight, nn.parameter.UninitializedParameter):
         raise ValueError(f"layer {name!r} is a lazy module whose weight is not initialised: run a forward pass first")
     if weight.is_meta:
         raise ValueError(f"layer {name!r} has its weight on the meta device (no values): load its weights first")
-    if not isinstance(module._parameters.get("weight"), nn.Parameter):
+    if not isinstance(module._parameters.get(attr), nn.Parameter):
         raise ValueError(
             f"layer {name!r} computes its weight instead of holding it as a parameter (old-style "
             "torch.nn.utils.weight_norm / spectral_norm, or torch.nn.utils.prune): remove that first "
@@ -214,7 +232,7 @@ def _check_ties(model: nn.Module, chosen) -> None:
     """A ValueError where a weight to compress is also a parameter of a module left dense (an excluded or
     skipped layer, or a bare use): prepare_ replaces it in the compressed layers only, which would untie it,
     and the file would store the dense copy that a tied skeleton then loads over the compressed one."""
-    owners = {id(module.weight): name for name, module, _ in chosen}
+    owners = {id(_weight(module)): name for name, module, _ in chosen}
     compressed = {id(module) for _, module, _ in chosen}
     for module_name, module in model.named_modules(remove_duplicate=False):
         if id(module) in compressed:
