@@ -180,3 +180,13 @@ def test_torch_compile_of_a_prepared_encoder_matches_eager():
         )
         model.zero_grad(set_to_none=True)
         reference.zero_grad(set_to_none=True)
+
+
+def test_a_bare_layer_as_the_model_is_named(caplog):
+    with pytest.raises(ValueError, match=r"model is itself a Linear layer: .*nn.Sequential"):
+        sqs.prepare_(nn.Linear(4, 4))
+    attn = nn.MultiheadAttention(16, 4)  # its out_proj can be swapped, its own in_proj_weight cannot
+    with caplog.at_level(logging.WARNING, logger="sqs_core.prepare"):
+        sqs.prepare_(attn)
+    assert "itself a MultiheadAttention" in caplog.text
+    assert set(sqs.sqs_layers(attn)) == {"out_proj"}

@@ -75,8 +75,20 @@ def _select(model: nn.Module, config: SQSConfig):
             continue
         seen.add(id(module))
         eligible.append((refs[id(module)][0][2], module))
+    root = type(model).__name__
+    if adapter_for(model) is not None:  # a layer swaps in place only inside a parent that holds it
+        if not eligible:
+            raise ValueError(
+                f"model is itself a {root} layer: prepare_ swaps layers inside a model, so wrap it first "
+                f"(nn.Sequential(layer))"
+            )
+        log.warning(
+            "prepare_: the model is itself a %s, whose own weight stays dense: wrap it first "
+            "(nn.Sequential(module)) to compress it too",
+            root,
+        )
     if not eligible:
-        raise ValueError(f"model {type(model).__name__} has no layer SQS can compress (Linear, Conv, ...)")
+        raise ValueError(f"model {root} has no layer SQS can compress (Linear, Conv, ...)")
     names = [n for n, _ in eligible]
     for kind, patterns in (("include", config.include), ("exclude", config.exclude)):
         for p in patterns:
