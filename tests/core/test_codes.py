@@ -19,6 +19,7 @@ from sqs_core._codes import (
     CODE_SECTIONS,
     ESCAPE_RECORD_BYTES,
     _escaped_layout,
+    _size_without_mask,
     check_code_record,
     decode_ranks,
     decode_values,
@@ -29,12 +30,12 @@ from torch import nn
 
 
 @st.composite
-def skewed_ranks(draw: st.DrawFn) -> tuple[torch.Tensor, int]:
+def skewed_ranks(draw: st.DrawFn, extra: int = 3000, skews: tuple[int, ...] = (1, 4, 16)) -> tuple[torch.Tensor, int]:
     """(ranks, U): n codes over U entries, every entry used, a few entries far more frequent than the rest."""
     n_used = draw(st.integers(2, 300))
-    n = draw(st.integers(n_used + 1, n_used + 3000))
+    n = draw(st.integers(n_used + 1, n_used + extra))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
-    weights = torch.rand(n_used, generator=gen) ** draw(st.sampled_from([1, 4, 16]))  # skew
+    weights = torch.rand(n_used, generator=gen) ** draw(st.sampled_from(skews))  # skew
     ranks = torch.multinomial(weights + 1e-6, n - n_used, replacement=True, generator=gen)
     ranks = torch.cat([torch.arange(n_used), ranks])[torch.randperm(n, generator=gen)]  # every entry used
     return ranks, n_used
@@ -70,6 +71,61 @@ def test_chosen_layout_round_trips_and_is_never_larger_than_plain(case):
         assert size + ESCAPE_RECORD_BYTES < _plain_bytes(ranks.numel(), n_used)
     else:
         assert size == _plain_bytes(ranks.numel(), n_used)
+
+
+def _exhaustive_choice(ranks: torch.Tensor, n_used: int) -> tuple[dict, dict]:
+    """The reference choice: every escaped layout built, the smallest kept, ties to plain, then fewer primary bits."""
+    bits = field_bits(n_used)
+    best_size, best = _plain_bytes(ranks.numel(), n_used), None
+    counts = torch.bincount(ranks, minlength=n_used)
+    by_count = torch.argsort(-counts, stable=True)
+    for primary_bits in range(1, min(bits, 9)):
+        if field_bits(n_used - (1 << primary_bits)) > 8:
+            continue
+        fields, sections = _escaped_layout(ranks, n_used, by_count[: 1 << primary_bits], primary_bits)
+        size = sum(int(s.numel()) for s in sections.values()) + ESCAPE_RECORD_BYTES
+        if size < best_size:
+            best_size, best = size, (fields, sections)
+    return best if best is not None else ({"code_bits": bits}, {})
+
+
+def _seeded_ranks(seed: int) -> tuple[torch.Tensor, int]:
+    """Thousands of skewed codes, where the escape masks' sizes decide between the escaped layouts."""
+    gen = torch.Generator().manual_seed(seed)
+    n_used = int(torch.randint(2, 300, (1,), generator=gen))
+    n = n_used + int(torch.randint(1, 20_000, (1,), generator=gen))
+    weights = torch.rand(n_used, generator=gen) ** float([1, 4, 16, 64][seed % 4])
+    drawn = torch.multinomial(weights + 1e-6, n - n_used, replacement=True, generator=gen)
+    return torch.cat([torch.arange(n_used), drawn])[torch.randperm(n, generator=gen)], n_used
+
+
+@pytest.mark.parametrize("seed", [4, 9, 10, 12])
+def test_the_pruned_search_finds_a_winner_that_is_not_smallest_without_its_mask(seed):
+    ranks, n_used = _seeded_ranks(seed)
+    fields, _ = encode_codes(ranks, n_used)
+    want_fields, _ = _exhaustive_choice(ranks, n_used)
+    assert fields == want_fields
+    counts = torch.bincount(ranks, minlength=n_used)
+    covered = torch.cumsum(counts.sort(descending=True).values, 0)
+    floors = {
+        b: _size_without_mask(ranks.numel(), n_used, ranks.numel() - int(covered[(1 << b) - 1]), b)
+        for b in range(1, min(field_bits(n_used), 9))
+        if field_bits(n_used - (1 << b)) <= 8
+    }
+    assert fields["code_bits"] != min(floors, key=lambda b: (floors[b], b))  # the case this test is about
+
+
+@given(skewed_ranks(extra=20_000, skews=(1, 4, 16, 64)))
+def test_the_pruned_search_chooses_what_building_every_layout_chooses(case):
+    """encode_codes builds an escaped layout only while its size without the mask could still win. With
+    thousands of codes the layout smallest without its mask is often not the smallest (the mask decides), which
+    a search that stopped at the first candidate would get wrong."""
+    ranks, n_used = case
+    fields, sections = encode_codes(ranks, n_used)
+    want_fields, want_sections = _exhaustive_choice(ranks, n_used)
+    assert fields == want_fields
+    for name, section in want_sections.items():
+        assert torch.equal(sections[name], section)
 
 
 @given(skewed_ranks(), st.integers(1, 8))

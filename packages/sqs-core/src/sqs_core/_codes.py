@@ -62,17 +62,32 @@ def encode_codes(ranks: Tensor, n_used: int) -> tuple[dict[str, Any], dict[str, 
         "codes": _pack(ranks & 0xFF if bits > 8 else ranks, min(bits, 8)),
         "codes_hi": _pack(ranks >> 8, bits - 8) if bits > 8 else _EMPTY,
     }
-    best: tuple[int, dict[str, Any], dict[str, Tensor]] = (_size(plain), {"code_bits": bits}, plain)
+    # the smallest layout, ties to the earliest of plain, then primary_bits 1, 2, ...: each escaped candidate is
+    # built only while its size without the escape mask's payload (exact, from the counts) could still win
+    best: tuple[int, int, dict[str, Any], dict[str, Tensor]] = (_size(plain), 0, {"code_bits": bits}, plain)
     counts = torch.bincount(ranks, minlength=n_used)
     by_count = torch.argsort(-counts, stable=True)  # most used first, ties by lower rank
+    covered = torch.cumsum(counts[by_count], 0)
+    candidates = []
     for primary_bits in range(1, min(bits, 9)):
-        if field_bits(n_used - (1 << primary_bits)) > 8:
-            continue
+        if field_bits(n_used - (1 << primary_bits)) <= 8:
+            escaped = ranks.numel() - int(covered[(1 << primary_bits) - 1])
+            candidates.append((_size_without_mask(ranks.numel(), n_used, escaped, primary_bits), primary_bits))
+    for floor, primary_bits in sorted(candidates):
+        if floor > best[0]:
+            break
         fields, sections = _escaped_layout(ranks, n_used, by_count[: 1 << primary_bits], primary_bits)
         size = _size(sections) + ESCAPE_RECORD_BYTES
-        if size < best[0]:
-            best = (size, fields, sections)
-    return best[1], best[2]
+        if (size, primary_bits) < best[:2]:
+            best = (size, primary_bits, fields, sections)
+    return best[2], best[3]
+
+
+def _size_without_mask(n: int, n_used: int, escaped: int, primary_bits: int) -> int:
+    """The escaped layout's bytes (with ESCAPE_RECORD_BYTES) but for the escape mask's payload: a lower bound."""
+    escape_bits = field_bits(n_used - (1 << primary_bits))
+    codes = packed_length(n, primary_bits) + packed_length(n_used, 1)
+    return codes + (packed_length(escaped, escape_bits) if escape_bits else 0) + ESCAPE_RECORD_BYTES
 
 
 def _escaped_layout(
