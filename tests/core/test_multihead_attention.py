@@ -50,6 +50,10 @@ def test_prepared_attention_is_the_module_at_theta_avg(batch_first, bias):
         assert torch.allclose(out, ref_out, atol=1e-6) and torch.allclose(weights, ref_weights, atol=1e-6)
     out.sum().backward()
     assert sqs.posteriors(model)["attn"].means.grad.abs().sum() > 0
+    model.eval()
+    plain.eval()
+    with torch.no_grad():  # self-attention without gradients: the module's own fast path where it applies
+        assert torch.allclose(layer(q, q, q)[0], plain(q, q, q)[0], atol=1e-6)
 
 
 def test_transformer_encoder_trains_and_round_trips_with_its_fast_path(tmp_path):
