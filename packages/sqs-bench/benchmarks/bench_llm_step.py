@@ -9,8 +9,12 @@ downloaded. Text: SQuAD v1.1 dev contexts from ``$SQS_DATA_DIR/squad/dev-v1.1.js
 
     python bench_llm_step.py --mode plain --json out.json
     python bench_llm_step.py --mode sqs --json out.json      # appends; run the modes alternately
+    python bench_llm_step.py --mode all --rounds 2 --json out.json   # plain, SQS eager, SQS compiled, each in
+                                                                     # its own process, rounds alternating
 
-Prints and appends (JSON lines) the median step time of steps 2..N, the peak RSS, prepare time and the machine.
+``nox -s llm_step`` installs what it needs and runs ``--mode all`` (posargs replace the defaults).
+Prints and appends (JSON lines) the median step time of steps 2..N, the peak RSS, prepare time and the machine;
+``--mode all`` then prints each SQS run against the plain run of its round.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import os
 import resource
 import site
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,9 +61,40 @@ def _batch(tokenizer, data_dir: str, batch: int, length: int):
     return enc, labels
 
 
+ALL_MODES = (("plain", []), ("sqs", []), ("sqs", ["--compile-kernels"]))
+
+
+def _lines(path: str) -> list[str]:
+    with open(path) as f:
+        return [line for line in f if line.strip()]
+
+
+def _run_all(args: argparse.Namespace) -> None:
+    """Every mode in its own process (so that each peak RSS is its own), rounds alternating; then each SQS run's
+    step and peak against the plain run of its round."""
+    if not args.json:
+        sys.exit("--mode all needs --json (the runs append their results there)")
+    common = ["--batch", str(args.batch), "--length", str(args.length), "--steps", str(args.steps)]
+    common += ["--components", str(args.components), "--data-dir", args.data_dir, "--json", args.json]
+    start = len(_lines(args.json)) if os.path.exists(args.json) else 0
+    for _ in range(args.rounds):
+        for mode, extra in ALL_MODES:
+            subprocess.run([sys.executable, __file__, "--mode", mode, *extra, *common], check=True)
+    runs = [json.loads(line) for line in _lines(args.json)[start:]]
+    for at in range(0, len(runs), len(ALL_MODES)):
+        plain = runs[at]
+        for run in runs[at + 1 : at + len(ALL_MODES)]:
+            label = "SQS compiled" if run["compile_kernels"] else "SQS eager"
+            print(
+                f"{label}: {run['step_s']:.2f} s = {run['step_s'] / plain['step_s']:.2f}x plain ({plain['step_s']:.2f} s),"
+                f" peak {run['peak_rss_mib']} MiB = {run['peak_rss_mib'] / plain['peak_rss_mib']:.2f}x"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=["plain", "sqs"], required=True)
+    parser.add_argument("--mode", choices=["plain", "sqs", "all"], required=True)
+    parser.add_argument("--rounds", type=int, default=1, help="with --mode all: rounds of the three runs")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=256, help="tokens per sequence")
     parser.add_argument("--steps", type=int, default=5)
@@ -67,6 +103,11 @@ def main() -> None:
     parser.add_argument("--data-dir", default=os.environ.get("SQS_DATA_DIR", "../shared/data"))
     parser.add_argument("--json", help="append the result to this file (JSON lines)")
     args = parser.parse_args()
+    if min(args.batch, args.length, args.steps, args.components - 1, args.rounds) < 1:
+        parser.error("--batch, --length, --steps and --rounds must be at least 1 and --components at least 2")
+    if args.mode == "all":
+        _run_all(args)
+        return
     import sqs_core as sqs
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
