@@ -6,6 +6,7 @@ inference fast path reads the compressed weights, and an artifact loads into the
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 
 import pytest
@@ -115,6 +116,25 @@ def test_moment_matched_attention_draws_its_weight_in_training():
     model.eval()
     with torch.no_grad():
         assert torch.equal(model(x), model(x))  # eval: θ^avg, no draw
+
+
+def test_the_drawn_attention_weight_keeps_pruned_weights_at_zero():
+    model = sqs.prepare_(_encoder(), sqs.SQSConfig(num_components=4, likelihood="moment_matched"))
+    layer = model.layers[0].self_attn
+    keep = torch.rand(48, 16, generator=torch.Generator().manual_seed(0)) < 0.5
+    layer.posterior.set_mask_(keep)
+    drawn = []
+
+    def spy(base, query, weight, *args, **kwargs):
+        drawn.append(weight.detach())
+        return layer_forward(base, query, weight, *args, **kwargs)
+
+    layer_forward = layer.adapter.forward
+    layer.adapter = dataclasses.replace(layer.adapter, forward=spy)
+    model.train()
+    model(_tokens())
+    assert torch.equal(drawn[0][~keep], torch.zeros(int((~keep).sum())))  # no noise on a pruned weight
+    assert not torch.equal(drawn[0][keep], layer.weight.detach()[keep])  # the kept ones are drawn
 
 
 def test_separate_projection_weights_stay_dense(caplog):

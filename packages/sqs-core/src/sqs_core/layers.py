@@ -125,7 +125,7 @@ _HF_CONV1D = LayerAdapter(forward=_conv1d_hf_with_bias, forward_no_bias=_conv1d_
 
 
 def register_layer_type(layer_type: type, adapter: LayerAdapter) -> None:
-    """Make modules of ``layer_type`` (with a ``weight`` parameter) eligible for ``prepare_``."""
+    """Make modules of ``layer_type`` (holding the parameter named ``adapter.weight_name``) eligible for prepare_."""
     if not isinstance(layer_type, type) or not issubclass(layer_type, nn.Module):
         raise ValueError(f"layer_type must be an nn.Module subclass, got {layer_type!r}")
     if not isinstance(adapter, LayerAdapter) or not callable(adapter.forward):
@@ -293,7 +293,8 @@ class SQSLayer(nn.Module):
         weight, var = self._weight_and_variance(second=moment_matched)
         forward_no_bias = self.adapter.forward_no_bias
         if var is not None and forward_no_bias is None:  # not linear in the weight: draw the weight itself
-            weight = weight + var.clamp_min(1e-12).sqrt() * torch.randn_like(var)
+            std = torch.where(var > 0, var.clamp_min(1e-12).sqrt(), 0.0)  # a pruned weight (Var 0) stays 0
+            weight = weight + std * torch.randn_like(var)
             var = None
         out = self.adapter.forward(self.base_layer, x, weight, *args, **kwargs)
         if var is None or forward_no_bias is None:  # fixed, the plug-in likelihood, or a drawn weight
