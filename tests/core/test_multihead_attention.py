@@ -84,6 +84,9 @@ def test_transformer_encoder_trains_and_round_trips_with_its_fast_path(tmp_path)
     records = {r["layers"][0]: r for r in read_artifact(path).records}
     assert records["layers.0.self_attn"]["parameters"] == ["in_proj_weight"]
     assert "parameters" not in records["layers.0.self_attn.out_proj"]  # plain names, ``weight``: field left out
+    report = sqs.compression_report(path)
+    assert {r.name: r.parameter for r in report.layers}["layers.0.self_attn"] == "in_proj_weight"
+    assert "layers.0.self_attn.in_proj_weight " in str(report) and "layers.0.self_attn.out_proj " in str(report)
     sqs.load(path, skeleton).eval()
     assert torch.equal(skeleton.layers[1].self_attn.in_proj_weight, model.layers[1].self_attn.fixed_weight)
     fast_calls = []

@@ -38,7 +38,8 @@ def _rate(weights: int, bits: float) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class LayerReport:
-    """One compressed tensor (its first layer's name; tied layers are listed in ``layers``)."""
+    """One compressed tensor (its first layer's name; tied layers are listed in ``layers``; ``parameter`` the layer's
+    compressed parameter, ``weight`` but for nn.MultiheadAttention's ``in_proj_weight`` or a registered type's)."""
 
     name: str
     layers: tuple[str, ...]
@@ -55,6 +56,7 @@ class LayerReport:
     bytes_shared: float  # this tensor's share of the header and CRC table
     file_rate: float
     effective_bits_per_weight: float
+    parameter: str = "weight"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,7 +116,7 @@ class CompressionReport:
         for r in self.layers:
             rows.append(
                 (
-                    r.name,
+                    r.name if r.parameter == "weight" else f"{r.name}.{r.parameter}",
                     f"{r.T:,}",
                     f"{r.nnz:,}",
                     str(r.K),
@@ -218,6 +220,7 @@ def _layer(rec: dict[str, Any], shared: float) -> LayerReport:
     return LayerReport(
         name=rec["layers"][0],
         layers=tuple(rec["layers"]),
+        parameter=rec.get("parameters", ["weight"])[0],
         T=t,
         nnz=nnz,
         K=k,
