@@ -13,7 +13,7 @@ import pytest
 import sqs_core as sqs
 import torch
 from sqs_core import artifact as artifact_module
-from sqs_core._artifact_file import read_artifact
+from sqs_core._artifact_file import read_artifact, record_name
 from torch import nn
 
 
@@ -140,15 +140,37 @@ def test_the_drawn_attention_weight_keeps_pruned_weights_at_zero():
     assert not torch.equal(drawn[0][keep], layer.weight.detach()[keep])  # the kept ones are drawn
 
 
-def test_separate_projection_weights_stay_dense(caplog):
+def test_separate_projection_weights_are_compressed_each_and_round_trip(tmp_path):
+    """With kdim/vdim ≠ embed_dim the module holds q/k/v weights of their own: one posterior each, one SQS layer
+    around the other, and the module's forward runs with all three substituted."""
     torch.manual_seed(0)
-    model = nn.ModuleDict({"attn": nn.MultiheadAttention(16, 4, kdim=8, vdim=8)})
-    with caplog.at_level(logging.INFO, logger="sqs_core.prepare"):
-        sqs.prepare_(model)
-    assert set(sqs.sqs_layers(model)) == {"attn.out_proj"}
-    assert "kdim/vdim" in caplog.text and "'attn'" in caplog.text
-    q, kv = _tokens((5, 3, 16)), _tokens((7, 3, 8), seed=2)
-    assert model["attn"](q, kv, kv)[0].shape == (5, 3, 16)
+    plain = nn.MultiheadAttention(16, 4, kdim=8, vdim=12)
+    model = sqs.prepare_(nn.ModuleDict({"attn": copy.deepcopy(plain)}), sqs.SQSConfig(num_components=4))
+    layer = model["attn"]
+    names = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
+    assert {getattr(layer, n).shape for n in names} == {(16, 16), (16, 8), (16, 12)}
+    assert len(sqs.posteriors(model)) == 4  # q, k, v and out_proj
+    with torch.no_grad():
+        for n in names:
+            getattr(plain, n).copy_(getattr(layer, n))
+        plain.out_proj.weight.copy_(layer.out_proj.weight)
+    q, k, v = _tokens((5, 3, 16)), _tokens((7, 3, 8), seed=2), _tokens((7, 3, 12), seed=3)
+    assert torch.allclose(layer(q, k, v)[0], plain(q, k, v)[0], atol=1e-6)
+    layer(q, k, v)[0].sum().backward()
+    assert all(p.means.grad.abs().sum() > 0 for p in sqs.posteriors(model).values())
+    sqs.greedy_(model, nonzero=0.5)
+    path = tmp_path / "qkv.sqs"
+    sqs.save(model, path, nonzero=0.5)
+    assert sorted(r.parameter for r in sqs.compression_report(path).layers) == [
+        "k_proj_weight",
+        "q_proj_weight",
+        "v_proj_weight",
+        "weight",
+    ]
+    skeleton = nn.ModuleDict({"attn": nn.MultiheadAttention(16, 4, kdim=8, vdim=12)})
+    sqs.load(path, skeleton)
+    with torch.no_grad():
+        assert torch.equal(skeleton["attn"](q, k, v)[0], layer(q, k, v)[0])
 
 
 def test_the_compressed_weight_cannot_be_assigned():
@@ -166,8 +188,8 @@ def test_bad_parameter_names_in_a_file_are_refused(tmp_path):
     keys = ("config", "nonzero", "per_layer", "alternatives")
     for bad in (["in_proj_weight", "weight"], ["in proj"], "in_proj_weight", [3]):
         records = [dict(r) for r in art.records]
+        blobs = [art.blobs[record_name(r)] for r in records]
         records[[r["layers"][0] for r in records].index("attn")]["parameters"] = bad
-        blobs = [art.blobs[r["layers"][0]] for r in records]
         out = tmp_path / "bad.sqs"
         body = {**{k: art.header.get(k) for k in keys}, "compressed": records}
         artifact_module._write(out, body, blobs, dict(art.dense))
@@ -183,6 +205,8 @@ def test_register_layer_type_checks_the_new_fields():
         ({"forward_no_bias": 3}, "forward_no_bias must be callable or None"),
         ({"weight_name": "in proj"}, "weight_name must name a parameter"),
         ({"passes": {"x"}}, "passes must be a frozenset"),
+        ({"weight_names": ("a", "b")}, "weight_names must be callable"),
+        ({"forward": None}, "with a callable forward"),
     ):
         adapter = sqs.LayerAdapter(**{"forward": lambda b, x, w: x, "forward_no_bias": None, **kwargs})
         with pytest.raises(ValueError, match=message):

@@ -68,3 +68,49 @@ def test_a_module_whose_parameter_is_not_weight(registered, likelihood, tmp_path
     assert torch.equal(skeleton[0].kernel, layer.fixed_weight)
     with torch.no_grad():
         assert torch.equal(skeleton(x), model(x))
+
+
+class GatedExperts(nn.Module):
+    """A fused MoE-style block: ``gate_up`` (E, 2H, D) and ``down`` (E, D, H), read by its own forward."""
+
+    def __init__(self, features: int, hidden: int, experts: int = 2) -> None:
+        super().__init__()
+        self.gate_up = nn.Parameter(torch.randn(experts, 2 * hidden, features) * 0.3)
+        self.down = nn.Parameter(torch.randn(experts, features, hidden) * 0.3)
+        self.router = nn.Linear(features, experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = torch.einsum("bd,ehd->beh", x, self.gate_up).chunk(2, dim=-1)
+        expert_out = torch.einsum("beh,edh->bed", F.silu(gate) * up, self.down)
+        return (self.router(x).softmax(-1).unsqueeze(-1) * expert_out).sum(1)
+
+
+def _expert_weights(module: nn.Module) -> tuple[str, ...]:
+    return ("gate_up", "down")
+
+
+def test_a_module_with_several_parameters_runs_its_own_forward(tmp_path):
+    sqs.register_layer_type(GatedExperts, sqs.LayerAdapter(None, None, weight_names=_expert_weights))
+    try:
+        torch.manual_seed(0)
+        plain = nn.Sequential(GatedExperts(6, 4), nn.Linear(6, 3))
+        model = sqs.prepare_(copy.deepcopy(plain), sqs.SQSConfig(num_components=4))
+        assert len(sqs.posteriors(model)) == 4  # gate_up, down, the router and the head
+        experts = model[0]
+        with torch.no_grad():
+            for name in ("gate_up", "down"):
+                getattr(plain[0], name).copy_(getattr(experts, name))
+            plain[0].router.weight.copy_(experts.router.weight)
+            plain[1].weight.copy_(model[1].weight)
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
+        assert torch.allclose(model(x), plain(x), atol=1e-6)
+        model(x).square().mean().backward()
+        assert all(p.means.grad.abs().sum() > 0 for p in sqs.posteriors(model).values())
+        sqs.greedy_(model, nonzero=0.5)
+        path = tmp_path / "moe.sqs"
+        sqs.save(model, path, nonzero=0.5)
+        skeleton = sqs.load(path, nn.Sequential(GatedExperts(6, 4), nn.Linear(6, 3)))
+        with torch.no_grad():
+            assert torch.equal(skeleton(x), model(x))
+    finally:
+        layers._REGISTRY.pop(GatedExperts)

@@ -26,7 +26,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from ._artifact_layout import FLOAT_DTYPES, check_record, decode_posterior, dtype_name
+from ._artifact_layout import FLOAT_DTYPES, check_record, decode_posterior, dtype_name, record_name
 from ._batch_decode import decode_weights
 from .discrete import DiscretePosterior
 
@@ -121,17 +121,17 @@ class Artifact:
     index_bytes: dict[str, int]  # bytes of each tensor's own entry in the safetensors JSON header
 
     def weights(self, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """Greedy weight of every posterior, keyed by its first layer name (decoded in batches: the tensors
-        may be views of shared buffers); written into the tensors of ``into`` where given (keyed the same, of
-        the records' shapes), nothing written unless every weight decodes."""
+        """Greedy weight of every posterior, keyed by its record's name (:func:`record_name`; decoded in batches:
+        the tensors may be views of shared buffers); written into the tensors of ``into`` where given (keyed the
+        same, of the records' shapes), nothing written unless every weight decodes."""
         return decode_weights(self.records, self.blobs, into)
 
     def posteriors(self) -> dict[str, DiscretePosterior]:
-        """The discrete posterior of every record, keyed by its first layer name; refuses alternative
+        """The discrete posterior of every record, keyed by its record's name; refuses alternative
         probabilities that are NaN, infinite or negative (they would make every draw meaningless)."""
         out = {}
         for rec in self.records:
-            name = rec["layers"][0]
+            name = record_name(rec)
             d = out[name] = decode_posterior(name, rec, self.blobs[name])
             if not bool(torch.isfinite(d.alt_probs).all()) or bool((d.alt_probs < 0).any()):
                 raise ValueError(
@@ -258,7 +258,7 @@ def _slices(where: str, records: list, blobs: torch.Tensor) -> dict[str, torch.T
         if not all(isinstance(v, int) and v >= 0 for v in sizes):
             raise ValueError(f"{where}: a compressed record has bad section sizes: {sections!r}")
         size = sum(sizes)
-        out[_first_layer(where, rec)] = blobs[start : start + size]
+        out[_record_name(where, rec)] = blobs[start : start + size]
         start += size
     if start != blobs.numel():
         raise ValueError(
@@ -274,25 +274,19 @@ def weight_keys(rec: dict) -> list[str]:
     return [f"{layer}.{name}" for layer, name in zip(rec["layers"], names, strict=True)]
 
 
-def _check_parameters(where: str, rec: dict) -> None:
-    names = rec.get("parameters")
-    if names is None:
-        return
-    if not (
-        isinstance(names, list)
-        and len(names) == len(rec["layers"])
-        and all(isinstance(n, str) and n.isidentifier() for n in names)
-    ):
-        raise ValueError(
-            f"{where}: record {rec['layers'][0]!r} has bad parameter names {names!r} (one identifier per layer)"
-        )
-
-
-def _first_layer(where: str, rec: Any) -> str:
+def _record_name(where: str, rec: Any) -> str:
+    """:func:`record_name` of a record whose ``layers`` and ``parameters`` are checked first."""
     layers = rec.get("layers") if isinstance(rec, dict) else None
     if not isinstance(layers, list) or not layers or not all(isinstance(n, str) for n in layers):
         raise ValueError(f"{where}: a compressed record has no layer names: {rec!r}")
-    return layers[0]
+    names = rec.get("parameters")
+    if names is not None and not (
+        isinstance(names, list)
+        and len(names) == len(layers)
+        and all(isinstance(n, str) and n.isidentifier() for n in names)
+    ):
+        raise ValueError(f"{where}: record {layers[0]!r} has bad parameter names {names!r} (one identifier per layer)")
+    return record_name(rec)
 
 
 def _split_tensors(where: str, header: dict, tensors: dict[str, torch.Tensor]):
@@ -300,17 +294,16 @@ def _split_tensors(where: str, header: dict, tensors: dict[str, torch.Tensor]):
     if not isinstance(records, list):
         raise ValueError(f"{where}: the header has no list of compressed tensors")
     if header["format_version"] == 1:
-        names = [_first_layer(where, r) for r in records]
+        names = [_record_name(where, r) for r in records]
         blobs = {n: _uint8_entry(where, tensors, PREFIX + n) for n in names}
         known = {PREFIX + n for n in blobs} | {CRC_TABLE}
     else:
         blobs = _slices(where, records, _uint8_entry(where, tensors, BLOBS_TENSOR))
         known = {HEADER_TENSOR, BLOBS_TENSOR, CRC_TABLE}
     if len(blobs) != len(records):
-        raise ValueError(f"{where}: two compressed records share the name of their first layer")
+        raise ValueError(f"{where}: two compressed records share a name (first layer and parameter)")
     for rec, (name, blob) in zip(records, blobs.items(), strict=True):
         check_record(name, rec, blob.numel())
-        _check_parameters(where, rec)
         _check_codebook(where, name, rec, blob)
     stray = sorted(n for n in tensors if n.startswith(PREFIX) and n not in known)
     if stray:

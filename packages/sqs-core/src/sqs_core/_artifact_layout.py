@@ -70,6 +70,14 @@ def _as_bytes(t: Tensor) -> Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
+def record_name(rec: dict) -> str:
+    """A record's name (its blob's and its posterior's, in the file): its first layer's name, followed by
+    ``.{parameter}`` where that layer compresses another parameter than ``weight`` (so that the records of a module
+    with several compressed parameters, an LSTM's, have names of their own)."""
+    parameter = (rec.get("parameters") or ["weight"])[0]
+    return rec["layers"][0] if parameter == "weight" else f"{rec['layers'][0]}.{parameter}"
+
+
 # -- encoding ---------------------------------------------------------------------------------------------
 def encode(d: DiscretePosterior, *, alternatives: bool) -> tuple[dict[str, Any], Tensor]:
     """(record, blob) for one posterior; the record lacks the caller's names (``layers``)."""

@@ -29,7 +29,7 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
-from ._artifact_layout import FLOAT_DTYPES, decode_weight
+from ._artifact_layout import FLOAT_DTYPES, decode_weight, record_name
 from ._batch_codes import CodeStream, decode_code_buffer
 from ._batch_plan import RecordPlan, plan_record
 from ._bits import set_bit_tables, tensor_from_bytes
@@ -64,7 +64,7 @@ def decode_weights(
     groups: dict[str, list[RecordPlan]] = defaultdict(list)
     sizes: dict[str, int] = defaultdict(int)
     for rec in records:
-        name, dtype = rec["layers"][0], rec["dtype"]
+        name, dtype = record_name(rec), rec["dtype"]
         plan = plan_record(name, rec, blobs[name])
         if plan is None or _alone(plan, sizes[dtype], len(groups.get(dtype, ()))):
             out[name] = decode_weight(name, rec, blobs[name])
@@ -77,14 +77,14 @@ def decode_weights(
         try:
             out |= _decode_group(plans, FLOAT_DTYPES[dtype], direct)
         except ValueError:
-            by_name = {r["layers"][0]: r for r in records}
+            by_name = {record_name(r): r for r in records}
             for p in plans:  # raises the error naming the damaged tensor
                 decode_weight(p.name, by_name[p.name], blobs[p.name])
             raise RuntimeError("internal: the batched decoder rejected records that decode one by one") from None
     for name, target in (into or {}).items():
         if out[name] is not target:
             out[name] = target.copy_(out[name])
-    return {rec["layers"][0]: out[rec["layers"][0]] for rec in records}
+    return {record_name(rec): out[record_name(rec)] for rec in records}
 
 
 def _alone(plan: RecordPlan, group_size: int, group_records: int) -> bool:
@@ -102,7 +102,7 @@ def _buffer_bound(plan: RecordPlan) -> int:
 def _targets(records: list[dict], into: dict[str, Tensor]) -> dict[str, Tensor]:
     """Check ``into`` (only compressed tensors, each of its record's shape); return the tensors the decoder may
     write directly: on the CPU, contiguous, of the record's dtype (the others get a copy)."""
-    kinds = {r["layers"][0]: (tuple(r["shape"]), FLOAT_DTYPES[r["dtype"]]) for r in records}
+    kinds = {record_name(r): (tuple(r["shape"]), FLOAT_DTYPES[r["dtype"]]) for r in records}
     unknown = sorted(set(into) - set(kinds))
     if unknown:
         raise ValueError(f"into names no compressed tensor: {unknown}")

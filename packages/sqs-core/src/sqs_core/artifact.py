@@ -26,6 +26,7 @@ from ._artifact_file import (
     check_path,
     container,
     read_artifact,
+    record_name,
     weight_keys,
 )
 from ._artifact_layout import FLOAT_DTYPES, encode
@@ -206,7 +207,7 @@ def _load_state(art: Artifact, skeleton: nn.Module, weights: dict[str, torch.Ten
     state = dict(art.dense)
     for rec in art.records:
         for key in weight_keys(rec):
-            state[key] = weights[rec["layers"][0]]
+            state[key] = weights[record_name(rec)]
     skeleton.load_state_dict(state, strict=True)
 
 
@@ -246,7 +247,7 @@ def load(
     art = read_artifact(path)
     params = _check_state(art, skeleton)
     if mode == "greedy":  # decoded straight into the skeleton's weights (after every check of the file)
-        weights = art.weights(into={rec["layers"][0]: params[weight_keys(rec)[0]] for rec in art.records})
+        weights = art.weights(into={record_name(rec): params[weight_keys(rec)[0]] for rec in art.records})
     else:
         _check_alternatives(art)
         weights = {name: d.weights(d.draw(generator)) for name, d in art.posteriors().items()}
@@ -289,7 +290,7 @@ def load_bayesian_average(
     _check_alternatives(art)
     params = _check_state(art, skeleton)
     dists = art.posteriors()
-    setters = {rec["layers"][0]: _setter([params[key] for key in weight_keys(rec)]) for rec in art.records}
+    setters = {record_name(rec): _setter([params[key] for key in weight_keys(rec)]) for rec in art.records}
     bam = BayesianAverage.from_parts(
         skeleton, dists, setters, samples=samples, generator=generator, average=average, output=output
     )

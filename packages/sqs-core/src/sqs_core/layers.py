@@ -14,6 +14,7 @@ their own layer types with :func:`register_layer_type`.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,16 @@ from .posterior import SpikeGMMPosterior
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LayerAdapter", "SQSLayer", "adapter_for", "own_forward", "register_layer_type"]
+__all__ = [
+    "LayerAdapter",
+    "SQSLayer",
+    "adapter_for",
+    "compressed_names",
+    "own_forward",
+    "parameter_adapter",
+    "register_layer_type",
+    "substituted_forward",
+]
 
 
 @dataclass(frozen=True)
@@ -38,16 +48,21 @@ class LayerAdapter:
     weight (attention): that likelihood then draws the weight itself, θ^avg + sqrt(Var_q)·ε.
     ``square_input``: the variance path maps x² (linear maps); False for lookups (embeddings), whose
     output variance is the looked-up weight variance.
-    ``weight_name``: the parameter SQS compresses (``in_proj_weight`` for nn.MultiheadAttention); the SQS layer
-    answers it with its current weight. ``passes``: private attributes or methods of the wrapped module that model
+    ``weight_name``: the parameter SQS compresses; the SQS layer answers it with its current weight.
+    ``weight_names``: instead, a function giving a module's compressed parameters (nn.MultiheadAttention's
+    ``in_proj_weight`` or its q/k/v weights, an nn.LSTM's ``weight_ih_l0``, ...): each gets a posterior and an SQS
+    layer of its own, nested around the module, and the module's own forward runs with every one substituted
+    (:func:`substituted_forward`; ``forward`` and ``forward_no_bias`` are not used, the moment-matched
+    likelihood draws the weights). ``passes``: private attributes or methods of the wrapped module that model
     code reads on the layer and that do not depend on the weight (nn.TransformerEncoderLayer's fast path reads
     ``self_attn._qkv_same_embed_dim`` and calls ``self_attn.merge_masks``)."""
 
-    forward: Callable[..., Any]  # (base, x, weight, *args, **kwargs); base: the wrapped module
+    forward: Callable[..., Any] | None  # (base, x, weight, *args, **kwargs); base: the wrapped module
     forward_no_bias: Callable[..., torch.Tensor] | None
     square_input: bool = True
     weight_name: str = "weight"
     passes: frozenset[str] = frozenset()
+    weight_names: Callable[[nn.Module], tuple[str, ...]] | None = None
 
 
 def _linear(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -99,11 +114,31 @@ def _embedding(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     return F.embedding(x, weight, base.padding_idx, base.max_norm, base.norm_type, base.scale_grad_by_freq, base.sparse)
 
 
-def _multihead_attention(base: Any, query: torch.Tensor, weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    """nn.MultiheadAttention's own forward (masks, batch_first, its fast path) with ``weight`` as
-    ``in_proj_weight``; ``out_proj`` is a Linear, compressed as a layer of its own and read as
-    ``out_proj.weight`` (SQSLayer.weight). ``torch.func.functional_call`` substitutes the tensor for this call."""
-    return torch.func.functional_call(base, {"in_proj_weight": weight}, (query, *args), kwargs)
+def substituted_forward(name: str, base: Any, x: Any, weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """The wrapped module's own forward (nn.MultiheadAttention's masks, ``batch_first`` and fast path; an LSTM's
+    flat weights) with ``weight`` as its parameter ``name`` and, through the SQS layers nested inside ``base`` (one
+    per further compressed parameter of the module), each one's :meth:`SQSLayer.forward_weight`.
+    ``torch.func.functional_call`` substitutes the tensors for this call. (A submodule compressed as a layer of its
+    own, such as the attention's ``out_proj``, is read through it: SQSLayer.weight.)"""
+    weights = {name: weight}
+    while isinstance(base, SQSLayer):
+        weights[base.adapter.weight_name] = base.forward_weight()
+        base = base.base_layer
+    return torch.func.functional_call(base, weights, (x, *args), kwargs)
+
+
+def _attention_weights(module: nn.Module) -> tuple[str, ...]:
+    """nn.MultiheadAttention's projection weights: one (3E, E) ``in_proj_weight``, or three when kdim/vdim ≠ E."""
+    if module._qkv_same_embed_dim:
+        return ("in_proj_weight",)
+    return ("q_proj_weight", "k_proj_weight", "v_proj_weight")
+
+
+def _recurrent_weights(module: nn.Module) -> tuple[str, ...]:
+    """nn.RNN/LSTM/GRU's weight matrices (``weight_ih_l0``, ``weight_hh_l0``, an LSTM's ``weight_hr_l0``, the
+    ``_reverse`` ones), not the biases."""
+    names: list[str] = module._flat_weights_names  # type: ignore[assignment]  # RNNBase's list of names
+    return tuple(name for name in names if name.startswith("weight_"))
 
 
 # module-level functions, not lambdas, so that a prepared model pickles (torch.save(model))
@@ -116,10 +151,13 @@ for _conv_type in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
 for _transposed_type in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d):
     _REGISTRY[_transposed_type] = LayerAdapter(forward=_conv_transpose_with_bias, forward_no_bias=_conv_transpose)
 _REGISTRY[nn.MultiheadAttention] = LayerAdapter(
-    forward=_multihead_attention,
+    forward=None,
     forward_no_bias=None,
-    weight_name="in_proj_weight",
+    weight_names=_attention_weights,
     passes=frozenset({"_qkv_same_embed_dim", "merge_masks"}),
+)
+_REGISTRY[nn.RNNBase] = LayerAdapter(  # nn.RNN, nn.LSTM, nn.GRU
+    forward=None, forward_no_bias=None, weight_names=_recurrent_weights, passes=frozenset({"flatten_parameters"})
 )
 _HF_CONV1D = LayerAdapter(forward=_conv1d_hf_with_bias, forward_no_bias=_conv1d_hf)
 
@@ -128,8 +166,10 @@ def register_layer_type(layer_type: type, adapter: LayerAdapter) -> None:
     """Make modules of ``layer_type`` (holding the parameter named ``adapter.weight_name``) eligible for prepare_."""
     if not isinstance(layer_type, type) or not issubclass(layer_type, nn.Module):
         raise ValueError(f"layer_type must be an nn.Module subclass, got {layer_type!r}")
-    if not isinstance(adapter, LayerAdapter) or not callable(adapter.forward):
-        raise ValueError(f"adapter must be a LayerAdapter with a callable forward, got {adapter!r}")
+    if not isinstance(adapter, LayerAdapter) or not (callable(adapter.forward) or callable(adapter.weight_names)):
+        raise ValueError(f"adapter must be a LayerAdapter with a callable forward (or weight_names), got {adapter!r}")
+    if adapter.weight_names is not None and not callable(adapter.weight_names):
+        raise ValueError(f"adapter.weight_names must be callable (module -> names) or None: {adapter.weight_names!r}")
     if adapter.forward_no_bias is not None and not callable(adapter.forward_no_bias):
         raise ValueError(f"adapter.forward_no_bias must be callable or None, got {adapter.forward_no_bias!r}")
     if not isinstance(adapter.weight_name, str) or not adapter.weight_name.isidentifier():
@@ -137,6 +177,22 @@ def register_layer_type(layer_type: type, adapter: LayerAdapter) -> None:
     if not isinstance(adapter.passes, frozenset) or not all(isinstance(n, str) for n in adapter.passes):
         raise ValueError(f"adapter.passes must be a frozenset of attribute names, got {adapter.passes!r}")
     _REGISTRY[layer_type] = adapter
+
+
+def parameter_adapter(adapter: LayerAdapter, name: str) -> LayerAdapter:
+    """The adapter of the SQS layer that compresses the parameter ``name`` of a module whose type has ``adapter``."""
+    if adapter.weight_names is None:
+        return adapter
+    forward = functools.partial(substituted_forward, name)  # a partial of a module-level function: it pickles
+    return LayerAdapter(forward=forward, forward_no_bias=None, weight_name=name, passes=adapter.passes)
+
+
+def compressed_names(module: nn.Module) -> tuple[str, ...]:
+    """The parameters of an eligible ``module`` that SQS compresses (the adapter's weight_names or weight_name)."""
+    adapter = adapter_for(module)
+    if adapter is None:
+        return ()
+    return tuple(adapter.weight_names(module)) if adapter.weight_names is not None else (adapter.weight_name,)
 
 
 def adapter_for(module: nn.Module) -> LayerAdapter | None:
@@ -165,6 +221,9 @@ def own_forward(module: nn.Module) -> str | None:
     """What replaces the forward that ``module``'s adapter reproduces, or None: an instance attribute
     ``forward`` (a patched module) or a subclass of the registered type that defines its own ``forward``
     (timm's StdConv2d, a scaled embedding). SQSLayer runs the adapter, never the module's forward."""
+    adapter = adapter_for(module)
+    if adapter is not None and adapter.weight_names is not None:
+        return None  # the module's own forward runs (substituted_forward), whatever it is
     if "forward" in vars(module):
         return "a forward set on the instance (a patched module)"
     registered = _registered_type(module)
@@ -201,6 +260,8 @@ def _passes_to(layer: nn.Module, name: str) -> nn.Module | None:
     base = layer.__dict__.get("_modules", {}).get("base_layer")
     if base is None or name in _OWN or name in ("weight", _compressed_name(layer)):
         return None
+    if isinstance(base, SQSLayer):  # a module with several compressed parameters: one SQS layer inside another
+        return base if name == _compressed_name(base) or _passes_to(base, name) is not None else None
     adapter = layer.__dict__.get("adapter")
     if adapter is not None and name in adapter.passes:
         return base
@@ -286,18 +347,28 @@ class SQSLayer(nn.Module):
         dtype = self.posterior.weight_dtype
         return mean.to(dtype), (None if var is None else var.to(dtype))
 
-    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """The wrapped module's forward with the posterior's weight; arguments after ``x`` go to the adapter
-        (a transposed convolution's ``output_size``)."""
+    def forward_weight(self) -> torch.Tensor:
+        """The weight a forward without a variance path computes with: the fixed weight, θ^avg, or in moment-matched
+        training a draw θ^avg + sqrt(Var_q)·ε (one ε per weight; a pruned weight, of variance 0, stays 0)."""
         moment_matched = self.training and self.posterior.config.likelihood == "moment_matched"  # fixed: no Var
         weight, var = self._weight_and_variance(second=moment_matched)
-        forward_no_bias = self.adapter.forward_no_bias
-        if var is not None and forward_no_bias is None:  # not linear in the weight: draw the weight itself
-            std = torch.where(var > 0, var.clamp_min(1e-12).sqrt(), 0.0)  # a pruned weight (Var 0) stays 0
-            weight = weight + std * torch.randn_like(var)
-            var = None
-        out = self.adapter.forward(self.base_layer, x, weight, *args, **kwargs)
-        if var is None or forward_no_bias is None:  # fixed, the plug-in likelihood, or a drawn weight
+        if var is None:
+            return weight
+        std = torch.where(var > 0, var.clamp_min(1e-12).sqrt(), 0.0)
+        return weight + std * torch.randn_like(var)
+
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped module's forward with the posterior's weight; arguments after ``x`` go to the adapter
+        (a transposed convolution's ``output_size``, attention's key and value)."""
+        forward, forward_no_bias = self.adapter.forward, self.adapter.forward_no_bias
+        if forward is None:
+            raise RuntimeError(f"internal: the adapter of {type(self.base_layer).__name__} has no forward")
+        if forward_no_bias is None:  # not linear in the weight (attention, recurrent): the weight itself is drawn
+            return forward(self.base_layer, x, self.forward_weight(), *args, **kwargs)
+        moment_matched = self.training and self.posterior.config.likelihood == "moment_matched"  # fixed: no Var
+        weight, var = self._weight_and_variance(second=moment_matched)
+        out = forward(self.base_layer, x, weight, *args, **kwargs)
+        if var is None:  # fixed, or the plug-in likelihood: the forward at θ^avg
             return out
         var_input = x * x if self.adapter.square_input else x
         out_var = forward_no_bias(self.base_layer, var_input, var, *args, **kwargs)

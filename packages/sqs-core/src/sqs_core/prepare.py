@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .config import SQSConfig
-from .layers import SQSLayer, adapter_for, own_forward
+from .layers import SQSLayer, adapter_for, compressed_names, own_forward, parameter_adapter
 from .posterior import SpikeGMMPosterior
 
 __all__ = ["is_prepared", "posteriors", "prepare_", "sqs_layers"]
@@ -65,13 +65,8 @@ def _select(model: nn.Module, config: SQSConfig):
     for _, module in model.named_modules(remove_duplicate=False):
         if id(module) in seen or module is model or adapter_for(module) is None:
             continue
-        if not isinstance(getattr(module, _weight_name(module), None), torch.Tensor):
-            if isinstance(module, nn.MultiheadAttention):
-                log.info(
-                    "prepare_: nn.MultiheadAttention %r has separate q/k/v projection weights (kdim/vdim ≠ embed_dim): "
-                    "they stay dense; its out_proj is compressed",
-                    refs[id(module)][0][2],
-                )
+        if not all(isinstance(getattr(module, n, None), torch.Tensor) for n in compressed_names(module)):
+            log.info("prepare_: %r has no tensor %s: left as it is", refs[id(module)][0][2], compressed_names(module))
             continue
         seen.add(id(module))
         eligible.append((refs[id(module)][0][2], module))
@@ -128,33 +123,39 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
         )
     chosen, refs = _select(model, config)
     for name, module, _ in chosen:
-        _check_weight(name, module)
+        _check_weights(name, module)
     _check_ties(model, chosen)
     generator = torch.Generator().manual_seed(config.seed)
     shared: dict[int, SpikeGMMPosterior] = {}
-    wrappers: list[tuple[nn.Module, SQSLayer]] = []
+    wrappers: list[tuple[nn.Module, SQSLayer]] = []  # (module, its outermost SQS layer)
+    created: list[SQSLayer] = []
     for _name, module, layer_config in chosen:
-        weight = _weight(module)
-        posterior = shared.get(id(weight))
-        if posterior is None:
-            posterior = SpikeGMMPosterior(weight, layer_config, generator=generator)
-            shared[id(weight)] = posterior
         adapter = adapter_for(module)
         if adapter is None:  # chosen layers were filtered by adapter_for already
             raise RuntimeError(f"internal: no adapter for the chosen layer {_name!r}")
-        wrappers.append((module, SQSLayer(module, posterior, adapter)))
-        _pin_padding_row(module, posterior)
-    layers_per_posterior = Counter(id(wrapper.posterior) for _, wrapper in wrappers)
+        outer: nn.Module = module
+        for attr in compressed_names(module):  # several parameters: one SQS layer around the other
+            weight = getattr(module, attr)
+            posterior = shared.get(id(weight))
+            if posterior is None:
+                posterior = SpikeGMMPosterior(weight, layer_config, generator=generator)
+                shared[id(weight)] = posterior
+            outer = SQSLayer(outer, posterior, parameter_adapter(adapter, attr))
+            created.append(outer)
+            _pin_padding_row(module, posterior)
+        wrappers.append((module, cast(SQSLayer, outer)))
+    layers_per_posterior = Counter(id(layer.posterior) for layer in created)
     for posterior in shared.values():
         posterior.sharers = layers_per_posterior[id(posterior)]
-    frozen = [name for name, module, _ in chosen if not _weight(module).requires_grad]
+    frozen = [name for name, module, _ in chosen if not all(w.requires_grad for w in _weights(module))]
     for module, wrapper in wrappers:  # mutate only once everything above succeeded
-        del module._parameters[wrapper.adapter.weight_name]
-        module.register_parameter(wrapper.adapter.weight_name, None)
+        for attr in compressed_names(module):
+            del module._parameters[attr]
+            module.register_parameter(attr, None)
         for parent, attr, _ in refs[id(module)]:
             parent._modules[attr] = wrapper
     setattr(model, _MARK, config)
-    _log_prepared(len(wrappers), list(shared.values()))
+    _log_prepared(len(created), list(shared.values()))
     _log_frozen(frozen)
     return model
 
@@ -171,27 +172,27 @@ def _log_frozen(names: list[str]) -> None:
         )
 
 
-def _weight_name(module: nn.Module) -> str:
-    """The name of the parameter of an eligible ``module`` that SQS compresses (LayerAdapter.weight_name)."""
-    adapter = adapter_for(module)
-    return adapter.weight_name if adapter is not None else "weight"
+def _weights(module: nn.Module) -> list[torch.Tensor]:
+    """The tensors SQS compresses in a chosen ``module`` (_select keeps only modules where they are tensors)."""
+    return [cast(torch.Tensor, getattr(module, attr)) for attr in compressed_names(module)]
 
 
-def _weight(module: nn.Module) -> torch.Tensor:
-    """The tensor SQS compresses in a chosen ``module`` (_select keeps only modules where it is a tensor)."""
-    return cast(torch.Tensor, getattr(module, _weight_name(module)))
+def _check_weights(name: str, module: nn.Module) -> None:
+    """A clear ValueError, before anything changes, for a module whose weights SQS cannot take over."""
+    for attr in compressed_names(module):
+        _check_weight(name if attr == "weight" else f"{name}.{attr}", module, attr)
+    _check_forward(name, module)
 
 
-def _check_weight(name: str, module: nn.Module) -> None:
+def _check_weight(name: str, module: nn.Module, attr: str) -> None:
     """A clear ValueError, before anything changes, for a weight SQS cannot take over."""
-    attr = _weight_name(module)
     if parametrize.is_parametrized(module, attr):
         raise ValueError(
             f"layer {name!r} has a parametrized weight (torch.nn.utils.parametrize: weight_norm, spectral_norm, ...); "
             "SQS replaces a plain weight tensor: remove the parametrization first "
             f"(torch.nn.utils.parametrize.remove_parametrizations(module, {attr!r})) or exclude the layer"
         )
-    weight = _weight(module)
+    weight = cast(torch.Tensor, getattr(module, attr))
     if isinstance(weight, nn.parameter.UninitializedParameter):
         raise ValueError(f"layer {name!r} is a lazy module whose weight is not initialised: run a forward pass first")
     if weight.is_meta:
@@ -202,7 +203,6 @@ def _check_weight(name: str, module: nn.Module) -> None:
             "torch.nn.utils.weight_norm / spectral_norm, or torch.nn.utils.prune): remove that first "
             "(remove_weight_norm, remove_spectral_norm, prune.remove) or exclude the layer"
         )
-    _check_forward(name, module)
     if not weight.is_floating_point() or not torch.isfinite(weight).all():
         raise ValueError(f"layer {name!r} has a NaN or infinite weight (or a non-float dtype); fix it first")
     if weight.numel() == 0:
@@ -214,7 +214,11 @@ _HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backw
 
 def _check_forward(name: str, module: nn.Module) -> None:
     """A ValueError for a layer whose call the SQS layer would not reproduce: SQSLayer computes the layer's
-    functional form with the posterior's weight and never calls the module (its hooks, its own forward)."""
+    functional form with the posterior's weight and never calls the module (its hooks, its own forward); a type
+    with several compressed parameters (LayerAdapter.weight_names) is called, hooks and all."""
+    adapter = adapter_for(module)
+    if adapter is not None and adapter.weight_names is not None:
+        return
     replaced = own_forward(module)
     if replaced is not None:
         raise ValueError(
@@ -244,7 +248,7 @@ def _check_ties(model: nn.Module, chosen) -> None:
     """A ValueError where a weight to compress is also a parameter of a module left dense (an excluded or
     skipped layer, or a bare use): prepare_ replaces it in the compressed layers only, which would untie it,
     and the file would store the dense copy that a tied skeleton then loads over the compressed one."""
-    owners = {id(_weight(module)): name for name, module, _ in chosen}
+    owners = {id(w): name for name, module, _ in chosen for w in _weights(module)}
     compressed = {id(module) for _, module, _ in chosen}
     for module_name, module in model.named_modules(remove_duplicate=False):
         if id(module) in compressed:

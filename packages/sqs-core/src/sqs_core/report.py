@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from ._artifact_file import read_artifact
+from ._artifact_file import read_artifact, record_name
 from ._artifact_layout import GROUPS, field_bits
 from .artifact import save
 
@@ -172,7 +172,7 @@ def compression_report(path_or_model: str | os.PathLike | nn.Module, *, nonzero:
 def _report(path: str | os.PathLike, *, in_memory: bool, art=None) -> CompressionReport:
     """The report of the artifact at ``path``; ``art``: that file's read_artifact result, if the caller has it."""
     art = read_artifact(path) if art is None else art
-    blob_bytes = {r["layers"][0]: art.blobs[r["layers"][0]].numel() for r in art.records}
+    blob_bytes = {record_name(r): art.blobs[record_name(r)].numel() for r in art.records}
     dense_index = sum(art.index_bytes[n] for n in art.dense)
     dense_payload = sum(t.numel() * t.element_size() for t in art.dense.values())
     dense_bytes = dense_payload + dense_index

@@ -1,0 +1,114 @@
+"""nn.RNN / nn.LSTM / nn.GRU are compressed: every weight matrix (``weight_ih_l0``, ``weight_hh_l0``, an LSTM's
+``weight_hr_l0``, the ``_reverse`` ones) gets a posterior and an SQS layer of its own, one around the other, and the
+module's own forward runs with all of them substituted (``sqs_core.layers.substituted_forward``); the biases stay
+dense. A prepared one computes what the module computes at θ^avg, trains, and comes back from an artifact."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import sqs_core as sqs
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CASES = {
+    "lstm": lambda: nn.LSTM(6, 8, num_layers=2, batch_first=True, bidirectional=True),
+    "lstm-proj": lambda: nn.LSTM(6, 8, batch_first=True, proj_size=4),
+    "gru": lambda: nn.GRU(6, 8, num_layers=2, batch_first=True),
+    "rnn": lambda: nn.RNN(6, 8, batch_first=True, nonlinearity="relu"),
+}
+
+
+class Tagger(nn.Module):
+    """A recurrent layer and a Linear head over its outputs."""
+
+    def __init__(self, recurrent: nn.Module) -> None:
+        super().__init__()
+        self.rnn = recurrent
+        out = getattr(recurrent, "proj_size", 0) or recurrent.hidden_size
+        self.head = nn.Linear(out * (2 if recurrent.bidirectional else 1), 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # contiguous: torch's matmul folds a strided 3-D input (a bidirectional batch_first output) differently for
+        # a weight that requires grad (a plain Linear's Parameter) than for a fixed tensor, 1e-8 apart
+        return self.head(self.rnn(x)[0].contiguous())
+
+
+def _model(case: str) -> Tagger:
+    torch.manual_seed(0)
+    return Tagger(CASES[case]())
+
+
+def _sequences(seed: int = 1) -> torch.Tensor:
+    return torch.randn(4, 5, 6, generator=torch.Generator().manual_seed(seed))
+
+
+def _weights(module: nn.Module) -> list[str]:
+    return [n for n, _ in module.named_parameters() if n.startswith("weight_")]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_prepared_recurrent_layer_is_the_module_at_theta_avg(case):
+    plain = _model(case)
+    names = _weights(plain.rnn)
+    model = sqs.prepare_(copy.deepcopy(plain), sqs.SQSConfig(num_components=4))
+    assert len(sqs.posteriors(model)) == len(names) + 1  # one per weight matrix, and the head
+    layer = model.rnn
+    assert layer.hidden_size == 8 and layer.batch_first  # data attributes pass through every nested layer
+    with torch.no_grad():
+        for name in names:
+            getattr(plain.rnn, name).copy_(getattr(layer, name))
+        plain.head.weight.copy_(model.head.weight)
+    x = _sequences()
+    assert torch.allclose(model(x), plain(x), atol=1e-6)
+    model(x).square().mean().backward()
+    assert all(p.means.grad.abs().sum() > 0 for p in sqs.posteriors(model).values())
+
+
+@pytest.mark.parametrize("likelihood", ["plugin", "moment_matched"])
+def test_lstm_trains_and_round_trips(likelihood, tmp_path):
+    model = sqs.prepare_(_model("lstm"), sqs.SQSConfig(num_components=4, likelihood=likelihood))
+    x, y = _sequences(), torch.randint(0, 3, (4, 5), generator=torch.Generator().manual_seed(2))
+    objective = sqs.Objective(model, num_data=20)
+    opt = torch.optim.AdamW(sqs.param_groups(model, gate_lr=1e-3))
+    pruning = sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=4)
+    model.train()
+    if likelihood == "moment_matched":
+        torch.manual_seed(0)
+        assert not torch.equal(model(x), model(x))  # the weights are drawn in training
+    for step in range(4):
+        pruning.step(step)
+        loss = objective(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    pruning.step(4)
+    model.eval()
+    sqs.greedy_(model, nonzero=0.5)
+    path = tmp_path / "lstm.sqs"
+    sqs.save(model, path, nonzero=0.5)
+    rows = {r.name + "." + r.parameter for r in sqs.compression_report(path).layers}
+    assert rows == {f"rnn.{n}" for n in _weights(_model("lstm").rnn)} | {"head.weight"}
+    skeleton = sqs.load(path, _model("lstm")).eval()
+    with torch.no_grad():
+        assert torch.equal(skeleton(x), model(x))
+    average = sqs.BayesianAverage(model, samples=2, nonzero=0.5, generator=torch.Generator().manual_seed(3))
+    loaded = sqs.load_bayesian_average(path, _model("lstm"), samples=2, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(average(x), loaded(x))
+
+
+def test_a_prepared_lstm_pickles_and_its_weights_cannot_be_assigned():
+    model = sqs.prepare_(_model("gru"), sqs.SQSConfig(num_components=4))
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    again = torch.load(buffer, weights_only=False)
+    x = _sequences()
+    assert torch.equal(again(x), model(x))
+    with pytest.raises(AttributeError, match="weight_hh_l1 is computed from the posterior"):
+        model.rnn.weight_hh_l1 = nn.Parameter(torch.zeros(24, 8))
+    model.rnn.flatten_parameters()  # model code calls it; the SQS layers pass it on
