@@ -88,6 +88,18 @@ def attention():
     return nn.Sequential(nn.Unflatten(1, (3, 4)), block, nn.Flatten(), nn.Linear(12, 5))
 
 
+class Recurrent(nn.Module):
+    """An LSTM over 3 steps of width 4 (four compressed weight matrices, nested SQS layers) and a Linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 6, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(36, 5)
+
+    def forward(self, x):
+        return self.head(self.lstm(x.reshape(-1, 3, 4))[0].flatten(1))
+
+
 MODELS = {
     "mlp": mlp,
     "cnn": cnn,
@@ -97,4 +109,5 @@ MODELS = {
     "tied": Tied,
     "gptish": GPTish,
     "attention": attention,
+    "recurrent": Recurrent,
 }
