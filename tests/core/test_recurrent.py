@@ -112,3 +112,16 @@ def test_a_prepared_lstm_pickles_and_its_weights_cannot_be_assigned():
     with pytest.raises(AttributeError, match="weight_hh_l1 is computed from the posterior"):
         model.rnn.weight_hh_l1 = nn.Parameter(torch.zeros(24, 8))
     model.rnn.flatten_parameters()  # model code calls it; the SQS layers pass it on
+
+
+def test_torch_compile_of_a_prepared_lstm_matches_eager():
+    model = sqs.prepare_(_model("lstm"), sqs.SQSConfig(num_components=4))
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="aot_eager")  # dynamo traces substituted_forward's functional_call
+    x = _sequences()
+    got, want = compiled(x), reference(x)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    got.square().mean().backward()
+    want.square().mean().backward()
+    for name, posterior in sqs.posteriors(model).items():
+        assert torch.allclose(posterior.means.grad, sqs.posteriors(reference)[name].means.grad, rtol=1e-5, atol=1e-8)
