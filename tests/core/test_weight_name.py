@@ -114,3 +114,15 @@ def test_a_module_with_several_parameters_runs_its_own_forward(tmp_path):
             assert torch.equal(skeleton(x), model(x))
     finally:
         layers._REGISTRY.pop(GatedExperts)
+
+
+def test_weight_names_must_be_distinct_identifiers():
+    for names in (("gate_up", "gate_up"), ("gate_up", "down.x")):
+        sqs.register_layer_type(GatedExperts, sqs.LayerAdapter(None, None, weight_names=lambda m, n=names: n))
+        try:
+            model = nn.Sequential(GatedExperts(6, 4), nn.Linear(6, 3))
+            with pytest.raises(ValueError, match="distinct parameter names expected"):
+                sqs.prepare_(model)
+            assert isinstance(model[0].gate_up, nn.Parameter)  # nothing changed
+        finally:
+            layers._REGISTRY.pop(GatedExperts)

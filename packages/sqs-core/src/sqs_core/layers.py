@@ -192,7 +192,14 @@ def compressed_names(module: nn.Module) -> tuple[str, ...]:
     adapter = adapter_for(module)
     if adapter is None:
         return ()
-    return tuple(adapter.weight_names(module)) if adapter.weight_names is not None else (adapter.weight_name,)
+    if adapter.weight_names is None:
+        return (adapter.weight_name,)
+    names = tuple(adapter.weight_names(module))
+    if len(set(names)) != len(names) or not all(isinstance(n, str) and n.isidentifier() for n in names):
+        raise ValueError(
+            f"the weight_names of {type(module).__name__}'s adapter gave {names!r}: distinct parameter names expected"
+        )
+    return names
 
 
 def adapter_for(module: nn.Module) -> LayerAdapter | None:
