@@ -26,7 +26,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from ._artifact_layout import FLOAT_DTYPES, check_record, decode_posterior, dtype_name, record_name
+from ._artifact_layout import FLOAT_DTYPES, check_record, decode_posterior, dtype_name, record_name, weight_keys
 from ._batch_decode import decode_weights
 from .discrete import DiscretePosterior
 
@@ -265,13 +265,6 @@ def _slices(where: str, records: list, blobs: torch.Tensor) -> dict[str, torch.T
             f"{where}: the records' sections add up to {start} bytes, {BLOBS_TENSOR!r} has {blobs.numel()}"
         )
     return out
-
-
-def weight_keys(rec: dict) -> list[str]:
-    """The state keys of a record's tensor, one per layer: ``{layer}.weight``, or ``{layer}.{parameter}`` where
-    the record lists ``parameters`` (one per layer; ``in_proj_weight`` of an nn.MultiheadAttention)."""
-    names = rec.get("parameters") or ["weight"] * len(rec["layers"])
-    return [f"{layer}.{name}" for layer, name in zip(rec["layers"], names, strict=True)]
 
 
 def _record_name(where: str, rec: Any) -> str:

@@ -78,6 +78,13 @@ def record_name(rec: dict) -> str:
     return rec["layers"][0] if parameter == "weight" else f"{rec['layers'][0]}.{parameter}"
 
 
+def weight_keys(rec: dict) -> list[str]:
+    """The state keys of a record's tensor, one per layer: ``{layer}.weight``, or ``{layer}.{parameter}`` where
+    the record lists ``parameters`` (one per layer; ``in_proj_weight`` of an nn.MultiheadAttention)."""
+    names = rec.get("parameters") or ["weight"] * len(rec["layers"])
+    return [f"{layer}.{name}" for layer, name in zip(rec["layers"], names, strict=True)]
+
+
 # -- encoding ---------------------------------------------------------------------------------------------
 def encode(d: DiscretePosterior, *, alternatives: bool) -> tuple[dict[str, Any], Tensor]:
     """(record, blob) for one posterior; the record lacks the caller's names (``layers``)."""
