@@ -65,9 +65,9 @@ def _select(model: nn.Module, config: SQSConfig):
     for _, module in model.named_modules(remove_duplicate=False):
         if id(module) in seen or module is model or adapter_for(module) is None:
             continue
-        names = compressed_names(module)
-        if not names or not all(isinstance(getattr(module, n, None), torch.Tensor) for n in names):
-            log.info("prepare_: %r has no tensor %s to compress: left as it is", refs[id(module)][0][2], names)
+        params = compressed_names(module)
+        if not params or not all(isinstance(getattr(module, n, None), torch.Tensor) for n in params):
+            log.info("prepare_: %r has no tensor %s to compress: left as it is", refs[id(module)][0][2], params)
             continue
         seen.add(id(module))
         eligible.append((refs[id(module)][0][2], module))
