@@ -241,3 +241,24 @@ def test_a_bare_layer_as_the_model_is_named(caplog):
         sqs.prepare_(attn)
     assert "itself a MultiheadAttention" in caplog.text
     assert set(sqs.sqs_layers(attn)) == {"out_proj"}
+
+
+def test_encoder_decoder_transformer_round_trips(tmp_path):
+    """nn.Transformer: the decoder's self- and cross-attention (key and value from the encoder's memory) too."""
+    torch.manual_seed(0)
+    kwargs = dict(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32, dropout=0.0)
+    model = sqs.prepare_(nn.Transformer(**kwargs, batch_first=True), sqs.SQSConfig(num_components=4))
+    attention = [n for n, layer in sqs.sqs_layers(model).items() if isinstance(layer.base_layer, nn.MultiheadAttention)]
+    assert attention == ["encoder.layers.0.self_attn", "decoder.layers.0.self_attn", "decoder.layers.0.multihead_attn"]
+    src, tgt = _tokens((2, 5, 16)), _tokens((2, 4, 16), seed=2)
+    mask = nn.Transformer.generate_square_subsequent_mask(4)
+    model(src, tgt, tgt_mask=mask, tgt_is_causal=True).square().mean().backward()
+    assert sqs.posteriors(model)["decoder.layers.0.multihead_attn"].means.grad.abs().sum() > 0
+    model.eval()
+    sqs.greedy_(model, nonzero=0.5)
+    path = tmp_path / "transformer.sqs"
+    sqs.save(model, path, nonzero=0.5)
+    torch.manual_seed(1)
+    plain = sqs.load(path, nn.Transformer(**kwargs, batch_first=True)).eval()
+    with torch.no_grad():
+        assert torch.equal(plain(src, tgt, tgt_mask=mask), model(src, tgt, tgt_mask=mask))
