@@ -58,6 +58,7 @@ def test_prepared_recurrent_layer_is_the_module_at_theta_avg(case):
     assert len(sqs.posteriors(model)) == len(names) + 1  # one per weight matrix, and the head
     layer = model.rnn
     assert layer.hidden_size == 8 and layer.batch_first  # data attributes pass through every nested layer
+    assert all(f"{n}: mode=variational" in repr(model) for n in names)  # each nested layer names its parameter
     with torch.no_grad():
         for name in names:
             getattr(plain.rnn, name).copy_(getattr(layer, name))

@@ -383,4 +383,6 @@ class SQSLayer(nn.Module):
 
     def extra_repr(self) -> str:
         p = self.posterior
-        return f"mode={self.mode}, K={p.num_components}, windows={p.num_windows}"
+        name = self.adapter.weight_name
+        which = "" if name == "weight" else f"{name}: "  # a module's other parameter (in_proj_weight, weight_ih_l0)
+        return f"{which}mode={self.mode}, K={p.num_components}, windows={p.num_windows}"
