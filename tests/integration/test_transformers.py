@@ -194,16 +194,20 @@ def test_siglip_vision_model_compresses_its_attention_pooling_head(tmp_path):
 
 
 def test_encodec_compresses_its_lstm(tmp_path):
-    """EnCodec's encoder and decoder each hold an nn.LSTM (every weight matrix a posterior of its own)."""
+    """EnCodec's encoder and decoder each hold an nn.LSTM (every weight matrix a posterior of its own); its
+    weight-normalised convolutions are folded by plain_weights_ first, in the model and in the skeleton."""
 
     def build():
         torch.manual_seed(0)
         config = transformers.EncodecConfig(
             hidden_size=16, num_filters=4, num_residual_layers=1, upsampling_ratios=[2, 2], codebook_size=16,
             codebook_dim=16, num_lstm_layers=2, sampling_rate=800, target_bandwidths=[1.5],
-            norm_type="time_group_norm",  # the default weight_norm is a parametrization, which prepare_ refuses
         )  # fmt: skip
-        return transformers.EncodecModel(config)
+        model = transformers.EncodecModel(config)  # its convolutions are weight-normalised (a parametrization)
+        normed = [f"{n}.weight" for n, m in model.named_modules() if torch.nn.utils.parametrize.is_parametrized(m)]
+        assert len(normed) == 20
+        assert sqs.plain_weights_(model) == normed  # plain weights now, which prepare_ takes and the file stores
+        return model
 
     model = build()
     sqs.prepare_(model, sqs.SQSConfig(num_components=4))

@@ -12,6 +12,7 @@ from .inference import BayesianAverage, discrete_posteriors, greedy_, sample_, v
 from .layers import LayerAdapter, SQSLayer, register_layer_type
 from .objective import Objective
 from .optim import param_groups
+from .plain_weights import plain_weights_
 from .posterior import SpikeGMMPosterior
 from .prepare import is_prepared, posteriors, prepare_, sqs_layers
 from .report import CompressionReport, compression_report
@@ -40,6 +41,7 @@ __all__ = [
     "load",
     "load_bayesian_average",
     "param_groups",
+    "plain_weights_",
     "posteriors",
     "prepare_",
     "register_layer_type",

@@ -190,8 +190,8 @@ def _check_weight(name: str, module: nn.Module, attr: str) -> None:
     if parametrize.is_parametrized(module, attr):
         raise ValueError(
             f"layer {name!r} has a parametrized weight (torch.nn.utils.parametrize: weight_norm, spectral_norm, ...); "
-            "SQS replaces a plain weight tensor: remove the parametrization first "
-            f"(torch.nn.utils.parametrize.remove_parametrizations(module, {attr!r})) or exclude the layer"
+            "SQS replaces a plain weight tensor: fold it first with sqs_core.plain_weights_(model) (and the same on "
+            "the skeleton you load into), or exclude the layer"
         )
     weight = cast(torch.Tensor, getattr(module, attr))
     if isinstance(weight, nn.parameter.UninitializedParameter):
@@ -201,8 +201,8 @@ def _check_weight(name: str, module: nn.Module, attr: str) -> None:
     if not isinstance(module._parameters.get(attr), nn.Parameter):
         raise ValueError(
             f"layer {name!r} computes its weight instead of holding it as a parameter (old-style "
-            "torch.nn.utils.weight_norm / spectral_norm, or torch.nn.utils.prune): remove that first "
-            "(remove_weight_norm, remove_spectral_norm, prune.remove) or exclude the layer"
+            "torch.nn.utils.weight_norm / spectral_norm, or torch.nn.utils.prune): fold it first with "
+            "sqs_core.plain_weights_(model) (and the same on the skeleton you load into), or exclude the layer"
         )
     if not weight.is_floating_point() or not torch.isfinite(weight).all():
         raise ValueError(f"layer {name!r} has a NaN or infinite weight (or a non-float dtype); fix it first")
