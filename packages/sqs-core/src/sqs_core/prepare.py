@@ -126,16 +126,33 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     for name, module, _ in chosen:
         _check_weights(name, module)
     _check_ties(model, chosen)
-    generator = torch.Generator().manual_seed(config.seed)
+    wrappers, created, shared = _wrap(chosen, torch.Generator().manual_seed(config.seed))
+    frozen = [name for name, module, _ in chosen if not all(w.requires_grad for w in _weights(module))]
+    for module, wrapper in wrappers:  # mutate only once everything above succeeded
+        for attr in compressed_names(module):
+            del module._parameters[attr]
+            module.register_parameter(attr, None)
+        for parent, attr, _ in refs[id(module)]:
+            parent._modules[attr] = wrapper
+    setattr(model, _MARK, config)
+    _log_prepared(len(created), shared)
+    _log_frozen(frozen)
+    return model
+
+
+def _wrap(chosen, generator: torch.Generator):
+    """(each chosen module with its outermost SQS layer, every SQS layer made, every distinct posterior), nothing
+    in the model changed yet. A module with several compressed parameters gets one SQS layer each, one around the
+    other; modules sharing a weight Parameter (ties) share its posterior."""
     shared: dict[int, SpikeGMMPosterior] = {}
-    wrappers: list[tuple[nn.Module, SQSLayer]] = []  # (module, its outermost SQS layer)
+    wrappers: list[tuple[nn.Module, SQSLayer]] = []
     created: list[SQSLayer] = []
-    for _name, module, layer_config in chosen:
+    for name, module, layer_config in chosen:
         adapter = adapter_for(module)
         if adapter is None:  # chosen layers were filtered by adapter_for already
-            raise RuntimeError(f"internal: no adapter for the chosen layer {_name!r}")
+            raise RuntimeError(f"internal: no adapter for the chosen layer {name!r}")
         outer: nn.Module = module
-        for attr in compressed_names(module):  # several parameters: one SQS layer around the other
+        for attr in compressed_names(module):
             weight = getattr(module, attr)
             posterior = shared.get(id(weight))
             if posterior is None:
@@ -148,17 +165,7 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     layers_per_posterior = Counter(id(layer.posterior) for layer in created)
     for posterior in shared.values():
         posterior.sharers = layers_per_posterior[id(posterior)]
-    frozen = [name for name, module, _ in chosen if not all(w.requires_grad for w in _weights(module))]
-    for module, wrapper in wrappers:  # mutate only once everything above succeeded
-        for attr in compressed_names(module):
-            del module._parameters[attr]
-            module.register_parameter(attr, None)
-        for parent, attr, _ in refs[id(module)]:
-            parent._modules[attr] = wrapper
-    setattr(model, _MARK, config)
-    _log_prepared(len(created), list(shared.values()))
-    _log_frozen(frozen)
-    return model
+    return wrappers, created, list(shared.values())
 
 
 def _log_frozen(names: list[str]) -> None:
