@@ -69,6 +69,7 @@ def test_tied_weights_share_one_posterior():
     sqs.prepare_(model)
     assert model.a.posterior is model.b.posterior
     assert len(sqs.posteriors(model)) == 2
+    assert list(sqs.posteriors(model, by_tensor=True)) == ["a.weight", "head.weight"]  # a tie: its first tensor
     _train(model)
     sqs.greedy_(model, nonzero=0.5)
     assert torch.equal(model.a.fixed_weight, model.b.fixed_weight)

@@ -126,3 +126,16 @@ def test_torch_compile_of_a_prepared_lstm_matches_eager():
     want.square().mean().backward()
     for name, posterior in sqs.posteriors(model).items():
         assert torch.allclose(posterior.means.grad, sqs.posteriors(reference)[name].means.grad, rtol=1e-5, atol=1e-8)
+
+
+def test_posteriors_by_the_tensor_they_compress():
+    model = sqs.prepare_(_model("lstm"), sqs.SQSConfig(num_components=4))
+    by_tensor = sqs.posteriors(model, by_tensor=True)
+    assert set(by_tensor) == {f"rnn.{n}" for n in _weights(_model("lstm").rnn)} | {"head.weight"}
+    assert (
+        by_tensor["rnn.weight_ih_l0"]
+        is model.rnn.base_layer.base_layer.base_layer.base_layer.base_layer.base_layer.base_layer.posterior
+    )
+    assert set(by_tensor.values()) == set(sqs.posteriors(model).values())
+    with pytest.raises(ValueError, match="by_tensor must be True or False"):
+        sqs.posteriors(model, by_tensor="yes")

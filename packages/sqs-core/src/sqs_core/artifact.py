@@ -35,7 +35,7 @@ from ._safetensors_format import safetensors_chunks
 from .files import replaced_file, write_atomic
 from .inference import BayesianAverage, check_arguments, discrete_posteriors
 from .layers import SQSLayer
-from .prepare import posteriors, prepared_config
+from .prepare import plain_key, posteriors, prepared_config
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "load", "load_bayesian_average", "save", "upgrade"]
 
@@ -43,22 +43,6 @@ log = logging.getLogger(__name__)
 
 
 # -- save -------------------------------------------------------------------------------------------------
-def _plain_key(key: str, sqs_paths: set[str]) -> str | None:
-    """A prepared model's state key under the plain model's names (``base_layer.`` dropped); None for
-    posterior tensors, which only training needs."""
-    kept, here = [], None  # here: the prepared model's name of the module reached so far
-    for seg in key.split("."):
-        if here in sqs_paths:
-            if seg == "posterior":
-                return None
-            if seg == "base_layer":
-                here = f"{here}.{seg}"
-                continue
-        kept.append(seg)
-        here = seg if here is None else f"{here}.{seg}"
-    return ".".join(kept)
-
-
 def _layer_groups(model: nn.Module) -> tuple[dict[str, dict[str, str]], set[str]]:
     """Posterior name -> {plain layer name: the parameter it compresses} of every layer that uses it (tied or
     repeated layers), in traversal order; all SQS paths."""
@@ -67,7 +51,7 @@ def _layer_groups(model: nn.Module) -> tuple[dict[str, dict[str, str]], set[str]
     groups: dict[str, dict[str, str]] = {name: {} for name in names.values()}
     for path, m in model.named_modules(remove_duplicate=False):
         if isinstance(m, SQSLayer):
-            plain = _plain_key(path, paths)
+            plain = plain_key(path, paths)
             if plain is not None:
                 groups[names[id(m.posterior)]].setdefault(plain, m.adapter.weight_name)
     return groups, paths
@@ -87,7 +71,7 @@ def _dense_state(model: nn.Module, sqs_paths: set[str]) -> dict[str, torch.Tenso
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for key, value in model.state_dict().items():
-        plain = _plain_key(key, sqs_paths)
+        plain = plain_key(key, sqs_paths)
         if plain is None:
             continue
         if plain.startswith(PREFIX):

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from ._checks import check_flag
 from .config import SQSConfig
 from .layers import SQSLayer, adapter_for, compressed_names, own_forward, parameter_adapter
 from .posterior import SpikeGMMPosterior
@@ -35,15 +36,35 @@ def sqs_layers(model: nn.Module) -> dict[str, SQSLayer]:
     return {name: m for name, m in model.named_modules() if isinstance(m, SQSLayer)}
 
 
-def posteriors(model: nn.Module) -> dict[str, SpikeGMMPosterior]:
-    """The distinct posteriors of ``model`` (tied layers share one), keyed by their first layer's name."""
+def posteriors(model: nn.Module, *, by_tensor: bool = False) -> dict[str, SpikeGMMPosterior]:
+    """The distinct posteriors of ``model`` (tied layers share one), keyed by their first layer's name or, with
+    ``by_tensor``, by the tensor each compresses under the plain model's names (``rnn.weight_ih_l0``,
+    ``0.weight``: the state keys of the skeleton an artifact loads into)."""
+    check_flag("by_tensor", by_tensor)
+    paths = {path for path, m in model.named_modules(remove_duplicate=False) if isinstance(m, SQSLayer)}
     out: dict[str, SpikeGMMPosterior] = {}
     seen: set[int] = set()
     for name, layer in sqs_layers(model).items():
         if id(layer.posterior) not in seen:
             seen.add(id(layer.posterior))
-            out[name] = layer.posterior
+            out[f"{plain_key(name, paths)}.{layer.adapter.weight_name}" if by_tensor else name] = layer.posterior
     return out
+
+
+def plain_key(key: str, sqs_paths: set[str]) -> str | None:
+    """A prepared model's state key under the plain model's names (``base_layer.`` dropped); None for
+    posterior tensors, which only training needs."""
+    kept, here = [], None  # here: the prepared model's name of the module reached so far
+    for seg in key.split("."):
+        if here in sqs_paths:
+            if seg == "posterior":
+                return None
+            if seg == "base_layer":
+                here = f"{here}.{seg}"
+                continue
+        kept.append(seg)
+        here = seg if here is None else f"{here}.{seg}"
+    return ".".join(kept)
 
 
 def _references(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, str]]]:
