@@ -262,3 +262,14 @@ def test_encoder_decoder_transformer_round_trips(tmp_path):
     plain = sqs.load(path, nn.Transformer(**kwargs, batch_first=True)).eval()
     with torch.no_grad():
         assert torch.equal(plain(src, tgt, tgt_mask=mask), model(src, tgt, tgt_mask=mask))
+
+
+def test_upgrade_keeps_the_parameter_names(tmp_path):
+    model = sqs.prepare_(nn.ModuleDict({"attn": nn.MultiheadAttention(16, 4)}), sqs.SQSConfig(num_components=4))
+    sqs.save(model, tmp_path / "a.sqs", nonzero=0.5)
+    sqs.upgrade(tmp_path / "a.sqs", tmp_path / "b.sqs")
+    records = {r["layers"][0]: r for r in read_artifact(tmp_path / "b.sqs").records}
+    assert records["attn"]["parameters"] == ["in_proj_weight"] and "parameters" not in records["attn.out_proj"]
+    from_old = sqs.load(tmp_path / "a.sqs", nn.ModuleDict({"attn": nn.MultiheadAttention(16, 4)}))
+    from_new = sqs.load(tmp_path / "b.sqs", nn.ModuleDict({"attn": nn.MultiheadAttention(16, 4)}))
+    assert torch.equal(from_new["attn"].in_proj_weight, from_old["attn"].in_proj_weight)

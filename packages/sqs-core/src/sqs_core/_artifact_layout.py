@@ -74,15 +74,19 @@ def record_name(rec: dict) -> str:
     """A record's name (its blob's and its posterior's, in the file): its first layer's name, followed by
     ``.{parameter}`` where that layer compresses another parameter than ``weight`` (so that the records of a module
     with several compressed parameters, an LSTM's, have names of their own)."""
-    parameter = (rec.get("parameters") or ["weight"])[0]
+    parameter = parameter_names(rec)[0]
     return rec["layers"][0] if parameter == "weight" else f"{rec['layers'][0]}.{parameter}"
 
 
 def weight_keys(rec: dict) -> list[str]:
     """The state keys of a record's tensor, one per layer: ``{layer}.weight``, or ``{layer}.{parameter}`` where
     the record lists ``parameters`` (one per layer; ``in_proj_weight`` of an nn.MultiheadAttention)."""
-    names = rec.get("parameters") or ["weight"] * len(rec["layers"])
-    return [f"{layer}.{name}" for layer, name in zip(rec["layers"], names, strict=True)]
+    return [f"{layer}.{name}" for layer, name in zip(rec["layers"], parameter_names(rec), strict=True)]
+
+
+def parameter_names(rec: dict) -> list[str]:
+    """The parameter each of a record's layers compresses (``weight`` where the record lists none)."""
+    return rec.get("parameters") or ["weight"] * len(rec["layers"])
 
 
 # -- encoding ---------------------------------------------------------------------------------------------

@@ -29,13 +29,13 @@ from ._artifact_file import (
     record_name,
     weight_keys,
 )
-from ._artifact_layout import FLOAT_DTYPES, encode
+from ._artifact_layout import FLOAT_DTYPES, encode, parameter_names
 from ._checks import check_flag, check_generator
 from ._safetensors_format import safetensors_chunks
 from .files import replaced_file, write_atomic
 from .inference import BayesianAverage, check_arguments, discrete_posteriors
 from .layers import SQSLayer
-from .prepare import plain_key, posteriors, prepared_config
+from .prepare import plain_key, posteriors, prepared_config, sqs_paths
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "load", "load_bayesian_average", "save", "upgrade"]
 
@@ -47,7 +47,7 @@ def _layer_groups(model: nn.Module) -> tuple[dict[str, dict[str, str]], set[str]
     """Posterior name -> {plain layer name: the parameter it compresses} of every layer that uses it (tied or
     repeated layers), in traversal order; all SQS paths."""
     names = {id(p): name for name, p in posteriors(model).items()}
-    paths = {path for path, m in model.named_modules(remove_duplicate=False) if isinstance(m, SQSLayer)}
+    paths = sqs_paths(model)
     groups: dict[str, dict[str, str]] = {name: {} for name in names.values()}
     for path, m in model.named_modules(remove_duplicate=False):
         if isinstance(m, SQSLayer):
@@ -138,8 +138,8 @@ def upgrade(source: str | os.PathLike, target: str | os.PathLike) -> None:
     records, blobs = [], []
     for rec, d in zip(art.records, art.posteriors().values(), strict=True):
         record, blob = encode(d, alternatives=bool(art.header.get("alternatives")))
-        names = {"layers": rec["layers"], **({"parameters": rec["parameters"]} if "parameters" in rec else {})}
-        records.append({**names, **record, "windows": rec["windows"]})
+        group = dict(zip(rec["layers"], parameter_names(rec), strict=True))
+        records.append({**_layer_fields(group), **record, "windows": rec["windows"]})
         blobs.append(blob)
     keys = ("config", "nonzero", "per_layer", "alternatives")
     body = {**{k: art.header.get(k) for k in keys}, "compressed": records}

@@ -354,11 +354,15 @@ class SQSLayer(nn.Module):
         dtype = self.posterior.weight_dtype
         return mean.to(dtype), (None if var is None else var.to(dtype))
 
+    def _forward_moments(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, Var_q or None) for a forward: Var_q only in moment-matched training (a fixed layer has none)."""
+        moment_matched = self.training and self.posterior.config.likelihood == "moment_matched"
+        return self._weight_and_variance(second=moment_matched)
+
     def forward_weight(self) -> torch.Tensor:
         """The weight a forward without a variance path computes with: the fixed weight, θ^avg, or in moment-matched
         training a draw θ^avg + sqrt(Var_q)·ε (one ε per weight; a pruned weight, of variance 0, stays 0)."""
-        moment_matched = self.training and self.posterior.config.likelihood == "moment_matched"  # fixed: no Var
-        weight, var = self._weight_and_variance(second=moment_matched)
+        weight, var = self._forward_moments()
         if var is None:
             return weight
         std = torch.where(var > 0, var.clamp_min(1e-12).sqrt(), 0.0)
@@ -372,8 +376,7 @@ class SQSLayer(nn.Module):
             raise RuntimeError(f"internal: the adapter of {type(self.base_layer).__name__} has no forward")
         if forward_no_bias is None:  # not linear in the weight (attention, recurrent): the weight itself is drawn
             return forward(self.base_layer, x, self.forward_weight(), *args, **kwargs)
-        moment_matched = self.training and self.posterior.config.likelihood == "moment_matched"  # fixed: no Var
-        weight, var = self._weight_and_variance(second=moment_matched)
+        weight, var = self._forward_moments()
         out = forward(self.base_layer, x, weight, *args, **kwargs)
         if var is None:  # fixed, or the plug-in likelihood: the forward at θ^avg
             return out

@@ -36,12 +36,17 @@ def sqs_layers(model: nn.Module) -> dict[str, SQSLayer]:
     return {name: m for name, m in model.named_modules() if isinstance(m, SQSLayer)}
 
 
+def sqs_paths(model: nn.Module) -> set[str]:
+    """Every qualified name under which ``model`` reaches an SQS layer (a module used at several places: each)."""
+    return {path for path, m in model.named_modules(remove_duplicate=False) if isinstance(m, SQSLayer)}
+
+
 def posteriors(model: nn.Module, *, by_tensor: bool = False) -> dict[str, SpikeGMMPosterior]:
     """The distinct posteriors of ``model`` (tied layers share one), keyed by their first layer's name or, with
     ``by_tensor``, by the tensor each compresses under the plain model's names (``rnn.weight_ih_l0``,
     ``0.weight``: the state keys of the skeleton an artifact loads into)."""
     check_flag("by_tensor", by_tensor)
-    paths = {path for path, m in model.named_modules(remove_duplicate=False) if isinstance(m, SQSLayer)}
+    paths = sqs_paths(model)
     out: dict[str, SpikeGMMPosterior] = {}
     seen: set[int] = set()
     for name, layer in sqs_layers(model).items():

@@ -26,7 +26,7 @@ from typing import Any
 from torch import nn
 
 from ._artifact_file import read_artifact, record_name
-from ._artifact_layout import GROUPS, field_bits
+from ._artifact_layout import GROUPS, field_bits, parameter_names
 from .artifact import save
 
 __all__ = ["CompressionReport", "LayerReport", "compression_report"]
@@ -220,7 +220,7 @@ def _layer(rec: dict[str, Any], shared: float) -> LayerReport:
     return LayerReport(
         name=rec["layers"][0],
         layers=tuple(rec["layers"]),
-        parameter=rec.get("parameters", ["weight"])[0],
+        parameter=parameter_names(rec)[0],
         T=t,
         nnz=nnz,
         K=k,
