@@ -16,7 +16,7 @@ from sqs_core import _fused, chunked
 from sqs_core.onehot import ALL_LUMPED, NEARBY_WIDTHS
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
-from uncovered import evaluated_components, log_densities64, uncovered_counts
+from uncovered import evaluated_components, log_densities64, uncovered_counts, uncovered_mask
 
 # inductor's own use of torch.jit.script_method, not ours (its numpy warning: pyproject.toml)
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
@@ -196,7 +196,9 @@ def test_compiled_forward_takes_the_argmax_of_pi_n_where_phi_ties(small_chunks):
     assert set(uncovered_counts(compiled)) >= {0, 4}  # the all-K and the nearby path both run
     assert torch.equal(compiled._kstar, eager._kstar)
     q = log_densities64(eager).masked_fill(~evaluated_components(eager), -math.inf)  # nearby: some left out
-    assert torch.equal(eager._kstar.reshape(-1).long(), q.argmax(-1))
+    kept = eager.mask.reshape(-1)  # a pruned weight is not evaluated: its k* is its bin's best
+    assert 0 < int(kept.sum()) < kept.numel()
+    assert torch.equal(eager._kstar.reshape(-1).long()[kept], q.argmax(-1)[kept])
 
 
 def test_flag_reaches_the_layers_it_names():
@@ -307,3 +309,31 @@ def test_a_kernel_past_dynamos_recompile_limit_compiles_on():
         outs = {kind: kernel(x, kind) for kind in ("one", "two", "three", "two")}
     assert [float(outs[k][0]) for k in ("one", "two", "three")] == [1.0, 2.0, 3.0]
     assert kernel.compiled is not None and kernel.calls == 4
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_pruned_weights_are_not_evaluated(monkeypatch, small_chunks, compiled):
+    """The mixture evaluates exactly the uncovered weights the mask keeps (chunked.skip_pruned), on both paths:
+    a pruned weight's λ̃ is 0, so its θ^avg, Var and gradients do not depend on φ (the values and gradients
+    against autograd: test_posterior, test_compiled_values_and_gradients_match_eager, both with every fifth
+    weight pruned)."""
+    p = _posterior(CASES["paper-K20-outlier-gaussian-trained-theta"][0], compiled)
+    with torch.no_grad():
+        p.log_stds.fill_(-9.0)  # narrow: most weights uncovered
+    module = _fused if compiled else chunked
+    blocks, evaluated, offset = module.uncovered_blocks, [], [0]
+
+    def spy(classes, *args, **kwargs):  # eager: called chunk by chunk, indices within the chunk
+        for indices, width in blocks(classes, *args, **kwargs):
+            evaluated.append(indices.long() + offset[0])
+            yield indices, width
+        offset[0] += classes.numel()
+
+    monkeypatch.setattr(module, "uncovered_blocks", spy)
+    p.moments(second=True)
+    kept, uncovered = p.mask.reshape(-1), uncovered_mask(p)
+    assert offset[0] == kept.numel()
+    assert int((uncovered & ~kept).sum()) > 20 and int((uncovered & kept).sum()) > 100
+    seen = torch.zeros_like(kept)
+    seen[torch.cat(evaluated)] = True
+    assert torch.equal(seen, uncovered & kept)

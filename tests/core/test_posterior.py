@@ -172,16 +172,18 @@ def test_training_forward_takes_the_argmax_of_pi_n_where_phi_ties(seed, k, log_s
     weights are far from every one, their paper φ rounds to uniform, and k* is argmax log(π_k N_k) (which φ
     increases with) over the components the weight is evaluated on, not the first of the tied φ. That is the
     argmax over all K wherever some π_k N_k is above the lumping level: the nearby path leaves out only
-    components whose π N stays below it over the whole bin."""
+    components whose π N stays below it over the whole bin. Pruned weights (every fifth) are not evaluated
+    (chunked.skip_pruned): they are left out here."""
     p = _posterior(seed=seed, k=k)
     p = p.float() if dtype == "f32" else p
     with torch.no_grad():
         p.log_stds.fill_(log_std)
         p.means.add_(shift)
     p.moments()
-    q = log_densities64(p)
-    chosen = q.gather(1, p._kstar.reshape(-1, 1).long()).squeeze(1)
-    best_evaluated = q.masked_fill(~evaluated_components(p), -math.inf).max(-1).values
+    kept = p.mask.reshape(-1)
+    q = log_densities64(p)[kept]
+    chosen = q.gather(1, p._kstar.reshape(-1, 1)[kept].long()).squeeze(1)
+    best_evaluated = q.masked_fill(~evaluated_components(p)[kept], -math.inf).max(-1).values
     best = q.max(-1).values
     distinguished = best > lump_log_density(p.weight.dtype)
     if dtype == "f64":
@@ -220,3 +222,28 @@ def test_levels_and_alternatives_in_one_pass_match_the_two_methods():
     assert torch.equal(index, several) and torch.equal(rows, probs[several])
     only_levels, (no_index, no_rows) = p.levels_and_alternatives(alternatives=False)
     assert torch.equal(only_levels, levels) and no_index.numel() == 0 and no_rows.shape == (0, p.num_components)
+
+
+@pytest.mark.parametrize(("log_std", "shift"), [(-7.0, 0.003), (-4.0, 0.02)])
+def test_a_weight_the_schedule_returns_gets_its_own_k_star_in_the_kl(log_std, shift):
+    """A pruned weight is not evaluated (chunked.skip_pruned): its forward k* is its bin's best, not its argmax.
+    ``set_mask_`` keeps the forward's k* while no weight returns and drops it when one does, so the next
+    ``kl()`` without a forward sums at the weights' own k* (what a fresh forward gives), not the stale one."""
+    p = _posterior(seed=1, k=6)
+    with torch.no_grad():
+        p.log_stds.fill_(log_std)
+        p.means.add_(shift)
+        p.moments()
+    stale = p._kstar
+    p.set_mask_(p.mask.clone() & (torch.arange(p.mask.numel()).reshape(p.mask.shape) % 7 != 0))
+    assert p._kstar is stale  # only more pruned: every kept weight's k* is still its own
+    p.set_mask_(True)
+    assert p._kstar is None
+    with torch.no_grad():
+        after_return = p.kl().item()
+        p._kstar = stale
+        with_stale = p.kl().item()
+        p.moments()
+        fresh = p.kl().item()
+    assert after_return == fresh
+    assert with_stale != fresh  # the case would not tell otherwise

@@ -28,6 +28,15 @@ def uncovered_counts(p) -> Counter:
     return counts
 
 
+def uncovered_mask(p) -> torch.Tensor:
+    """(T,) bool: the weights the certificate does not cover, pruned or not."""
+    theta, _, blocks = _blocks(p)
+    out = torch.zeros(theta.numel(), dtype=torch.bool)
+    for u, _ in blocks:
+        out[u] = True
+    return out
+
+
 def evaluated_components(p) -> torch.Tensor:
     """(T, K) bool: the components of its window each weight is evaluated on, all K but for the weights of the
     nearby path (sqs_core._nearby), which take their bin's ``width`` largest-bound ones (all-lumped weights:

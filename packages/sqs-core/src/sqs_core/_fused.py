@@ -51,8 +51,10 @@ from .onehot import ALL_LUMPED, CERTIFIED, _bin_bounds, bin_of, bin_table, colum
 __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
 
 
-def _certify(theta, window_ids, table):
-    """(k*, μ_{k*}, class) of onehot.classify: one bin lookup and one comparison per weight. ``table``: the
+def _certify(theta, window_ids, mask, table):
+    """(k*, μ_{k*}, class) of onehot.classify: one bin lookup and one comparison per weight, a pruned weight
+    (``mask`` False: λ̃ = 0, so θ^avg = 0 and no gradient whatever φ) classed certified, at its bin's best
+    component (:func:`sqs_core.chunked.skip_pruned`). ``table``: the
     BinTable's (mean_radius, codes, low, inv_width), the floats as 0-d tensors; the bin's best component,
     near width and owner come from one int32 code (three gathers instead of five: 30% off this part of the
     kernel on an AVX2 machine). The class as arithmetic on int32: inductor stores a float comparison's mask
@@ -63,7 +65,7 @@ def _certify(theta, window_ids, table):
     within = ((theta - mean).abs() <= mean_radius[1][b]).int()
     code = codes[b]
     owns = ((code >> 16) == window_ids.int()).int()  # one window: 0 == 0
-    certified = within * owns
+    certified = within * owns | (~mask).int()
     classes = certified * CERTIFIED + (1 - certified) * owns * ((code >> 8) & 255)
     return (code & 255).to(torch.uint8), mean, classes.to(torch.uint8)
 
@@ -71,7 +73,7 @@ def _certify(theta, window_ids, table):
 def _moments_first(theta, gate_logits, mask, window_ids, table, tau, k, kl_table, log_keep, log_drop):
     """(θ^avg = λ̃ μ_{k*}, k*, class, gate KL or None) of every weight, as if every weight were certified;
     the gate KL (:func:`_kl_sum`) when ``kl_table`` (flat component KLs) is given."""
-    kstar, mean, classes = _certify(theta, window_ids, table)
+    kstar, mean, classes = _certify(theta, window_ids, mask, table)
     lam, kl = _gate_and_kl(gate_logits, mask, window_ids, kstar, tau, k, kl_table, log_keep, log_drop)
     return flush_subnormals(lam * mean), kstar, classes, kl
 
@@ -92,7 +94,7 @@ def _moments_second(
 ):
     """(θ^avg, Var_q = λ̃ (μ² + σ²) − (λ̃ μ)² + (1 − λ̃) σ_0², k*, class, gate KL or None) at k*
     (flat ``log_stds``), as :func:`_moments_first`."""
-    kstar, m, classes = _certify(theta, window_ids, table)
+    kstar, m, classes = _certify(theta, window_ids, mask, table)
     lam, kl = _gate_and_kl(gate_logits, mask, window_ids, kstar, tau, k, kl_table, log_keep, log_drop)
     s = m * m + torch.exp(2 * log_stds[_flat_index(window_ids, kstar, k)])
     return flush_subnormals(lam * m), flush_subnormals(_variance(lam, m, s, spike_var)), kstar, classes, kl

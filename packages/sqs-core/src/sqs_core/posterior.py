@@ -188,7 +188,7 @@ class SpikeGMMPosterior(nn.Module):
         """Set the pruning mask to ``keep`` (a bool tensor of θ's shape, or True for all), the pinned rows pruned.
         A new buffer, not a write into the old one: a forward's backward keeps the mask that forward used (the
         schedule may step between the two; an in-place write failed that backward with autograd's error)."""
-        mask = torch.empty_like(self.mask)
+        old, mask = self.mask, torch.empty_like(self.mask)
         if isinstance(keep, torch.Tensor):
             mask.copy_(keep)
         else:
@@ -196,6 +196,8 @@ class SpikeGMMPosterior(nn.Module):
         self.mask = mask
         self._pending_kl = None  # summed at the old mask (its key would not tell: the new buffer is version 0)
         self._prune_pinned()
+        if self._kstar is not None and bool((self.mask > old).any()):
+            self._kstar = None  # a returning weight's k* was its bin's best (chunked.skip_pruned), not its argmax
 
     @torch.no_grad()
     def _prune_pinned(self) -> None:
