@@ -6,6 +6,7 @@ import sqs_core as sqs
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqs_core import selection
 from sqs_core.selection import keep_top_fraction
 from strategies import nonzero_rates
 from torch import nn
@@ -75,6 +76,65 @@ def test_pruning_ranks_saturated_gates_by_their_logits(nonzero, offset, seed):
 def test_keep_top_fraction_breaks_ties_exactly():
     masks = keep_top_fraction({"a": torch.zeros(10), "b": torch.zeros(6)}, 0.5)
     assert int(masks["a"].sum() + masks["b"].sum()) == 8
+
+
+def _keep_top_by_sort(scores, n_keep):
+    """The reference: a stable sort, highest first (ties: the first position wins)."""
+    order = torch.sort(-scores.double() if scores.is_floating_point() else -scores, stable=True).indices
+    keep = torch.zeros(scores.numel(), dtype=torch.bool)
+    keep[order[:n_keep]] = True
+    return keep
+
+
+@settings(max_examples=60)
+@given(
+    values=st.lists(st.sampled_from([-math.inf, -2.5, -0.0, 0.0, 3.0, math.inf]) | st.floats(-1e6, 1e6), min_size=1),
+    repeat=st.integers(1, 40),
+    period=st.integers(1, 9),
+    nonzero=nonzero_rates,
+    integer=st.booleans(),
+)
+def test_keep_top_matches_a_stable_sort_through_the_sampled_bracket(values, repeat, period, nonzero, integer):
+    """selection._kth_smallest brackets the threshold from a strided sample (shrunk here so small tensors take that
+    route): the mask equals a stable sort's, whether the counts accept the bracket or refuse it (a sample whose
+    stride meets the scores' period sees an unrepresentative sample)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(selection, "SAMPLE", 16)
+        patch.setattr(selection, "SAMPLE_MARGIN", 2)
+        _check_keep_top(values, repeat, period, nonzero, integer)
+
+
+def _check_keep_top(values, repeat, period, nonzero, integer):
+    scores = torch.tensor(values * repeat, dtype=torch.float64)
+    scores = scores.reshape(-1, period).t().reshape(-1) if scores.numel() % period == 0 else scores
+    if integer:
+        scores = torch.nan_to_num(scores, posinf=2e6, neginf=-2e6).round().long()
+    n_keep = max(1, round(nonzero * scores.numel()))
+    assert torch.equal(selection._keep_top(scores, n_keep), _keep_top_by_sort(scores, n_keep))
+
+
+@pytest.mark.parametrize("pattern", ["sorted", "periodic", "periodic-low", "constant"])
+def test_the_sampled_bracket_is_refused_where_it_misses_and_the_mask_stays_exact(monkeypatch, pattern):
+    monkeypatch.setattr(selection, "SAMPLE", 16)
+    monkeypatch.setattr(selection, "SAMPLE_MARGIN", 1)
+    n = 1000
+    scores = {
+        "sorted": torch.arange(n, dtype=torch.float32),
+        "periodic": (torch.arange(n) % (n // 16) == 0).float() * 5 + torch.arange(n) * 1e-3,  # the sample sees 5s
+        "periodic-low": (torch.arange(n) % (n // 16) == 0).float() * -5 + torch.arange(n) * 1e-3,
+        "constant": torch.full((n,), 2.0),
+    }[pattern]
+    calls = []
+    kthvalue = torch.Tensor.kthvalue
+    monkeypatch.setattr(torch.Tensor, "kthvalue", lambda self, k: calls.append(self.numel()) or kthvalue(self, k))
+    for n_keep in (1, 7, 500, 999):
+        assert torch.equal(selection._keep_top(scores, n_keep), _keep_top_by_sort(scores, n_keep))
+    if pattern.startswith("periodic"):
+        assert n in calls  # refused: kthvalue over all scores
+    elif pattern == "sorted":
+        assert max(calls) < n  # accepted: kthvalue inside the bracket only
+    else:  # n_keep = 500: a bracket of one value, no kthvalue; the open-ended brackets of the others hold all
+        assert calls == [n, n, n]
 
 
 @pytest.mark.parametrize(

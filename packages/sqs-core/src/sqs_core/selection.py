@@ -43,16 +43,50 @@ def _flat_scores(scores: torch.Tensor) -> torch.Tensor:
     return flat.float() if flat.is_floating_point() or flat.dtype == torch.bool else flat
 
 
+SAMPLE = 1 << 16  # scores in _kth_smallest's strided sample
+SAMPLE_MARGIN = 512  # sample ranks each side of the estimate: 4 standard deviations of a quantile's rank
+
+
+def _kth_smallest(scores: torch.Tensor, rank: int) -> torch.Tensor:
+    """``scores.kthvalue(rank).values`` (1-based), exact and several times faster on large tensors: a sorted
+    strided sample of :data:`SAMPLE` scores brackets the answer, two counts over all scores verify that the
+    bracket holds it, and ``kthvalue`` runs on the scores inside the bracket only (~1.6% of them). Where
+    the counts refuse the bracket (a sample far from the whole's order) it runs on all of them."""
+    total = scores.numel()
+    if total <= 4 * SAMPLE:
+        return scores.kthvalue(rank).values
+    sample = scores[:: total // SAMPLE].sort().values
+    estimate = (rank - 1) * sample.numel() // total
+    low_at, high_at = estimate - SAMPLE_MARGIN, estimate + SAMPLE_MARGIN
+    below, bounds = 0, []  # a bracket end past the sample's is open
+    if low_at > 0:
+        low = sample[low_at]
+        bounds.append(scores >= low)
+        below = total - int(torch.count_nonzero(bounds[-1]))
+    if high_at < sample.numel() - 1:
+        high = sample[high_at]
+        bounds.append(scores <= high)
+        if int(torch.count_nonzero(bounds[-1])) < rank:
+            return scores.kthvalue(rank).values
+    if below >= rank:
+        return scores.kthvalue(rank).values
+    if len(bounds) == 2 and bool(low == high):
+        return low  # a bracket of one value (many equal scores)
+    inside = bounds[0] if len(bounds) == 1 else bounds[0].logical_and_(bounds[1])
+    return scores[inside].kthvalue(rank - below).values
+
+
 def _keep_top(scores: torch.Tensor, n_keep: int) -> torch.Tensor:
     """Bool mask keeping exactly ``n_keep`` highest scores; ties broken by flat position (first wins)."""
     total = scores.numel()
     if n_keep >= total:
         return torch.ones(total, dtype=torch.bool, device=scores.device)
-    threshold = scores.kthvalue(total - n_keep).values
-    above = scores > threshold
-    ties = scores == threshold
-    need = n_keep - int(above.sum())
-    return above | (ties & (torch.cumsum(ties, 0) <= need))
+    threshold = _kth_smallest(scores, total - n_keep)  # the highest score pruned: fewer than n_keep are above
+    keep = scores > threshold
+    need = n_keep - int(torch.count_nonzero(keep))  # ≥ 0, and fewer than the scores equal to the threshold
+    if need:
+        keep[torch.nonzero(scores == threshold).squeeze(1)[:need]] = True
+    return keep
 
 
 def keep_top_fraction(
@@ -73,7 +107,7 @@ def keep_top_fraction(
             out[name] = _keep_top(flat, n_keep).reshape(s.shape)
         return out
     flats = [_flat_scores(s) for s in scores.values()]
-    cat = torch.cat(flats)
+    cat = torch.cat(flats) if len(flats) > 1 else flats[0]
     mask = _keep_top(cat, max(1, round(nonzero * cat.numel())))
     out, start = {}, 0
     for (name, s), flat in zip(scores.items(), flats, strict=True):
