@@ -13,12 +13,17 @@ after the last step, and every step's time. The compiled mode compiles into a fr
 ℓ = s̃/τ' uniform in [−95, −80] for three gates in four and in [80, 95] for the rest (fixed seed), which puts
 λ̃ μ at and below float32's smallest normal number (docs/method.md, "Session 32").
 
+``--prune-to R`` runs the paper's pruning schedule (Algorithm 1; ``sqs.PruningSchedule(target_nonzero=R,
+total_steps=--steps)``: the cubic ramp over the first 75% of the steps) after every SQS step, inside the timed
+step (its own time is also reported as ``schedule_s``). Pruned weights skip the mixture's evaluation
+(``chunked.skip_pruned``), so late steps gain as the ramp advances.
+
 Peak memory needs a process per mode: bench_step.py measures it. The models share one process and one
 allocator here, so each step runs on whatever heap the other models' steps left (glibc keeps freed memory):
 this times the steps' work, not their page faults on fresh memory.
 
 Usage: python bench_step_paired.py --only KIND:BATCH [--modes sqs sqs-compiled] [--steps N] [--warm-cache]
-[--far-gates] [--out FILE]
+[--far-gates] [--prune-to R] [--out FILE]
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ def _arguments():
     parser.add_argument("--steps", type=int, default=50, help="steps of every mode (at least 15)")
     parser.add_argument("--warm-cache", action="store_true", help="compile into the user's inductor cache")
     parser.add_argument("--far-gates", action="store_true", help="gate logits set to |s̃/τ'| in [80, 95] each step")
+    parser.add_argument("--prune-to", type=float, default=None, metavar="R", help="pruning schedule to non-zero R")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write (default: print only)")
     args = parser.parse_args()
     try:
@@ -51,19 +57,26 @@ def _arguments():
         parser.error(f"--only: {error}")
     if args.steps < 15:
         parser.error(f"--steps must be at least 15 (steps 2–6 and the last five are reported), got {args.steps}")
+    if args.prune_to is not None and not 0 < args.prune_to <= 1:
+        parser.error(f"--prune-to must lie in (0, 1], got {args.prune_to}")
     if args.out is not None and args.out.is_dir():
         parser.error(f"--out {args.out} is a folder; give a file name")
     return args, case, list(dict.fromkeys(args.modes))
 
 
-def _step(model, x, opt, loss_of) -> float:
-    """One training step (gradients freed after the forward, as bench_step.py's default), timed."""
+def _step(model, x, opt, loss_of, schedule=None, index=0) -> tuple[float, float]:
+    """One training step (gradients freed after the forward, as bench_step.py's default) and, with
+    ``schedule``, its pruning update as Algorithm 1 runs it: (the step's time, the update's share of it)."""
     start = time.perf_counter()
     loss = loss_of(model(x))
     opt.zero_grad()
     loss.backward()
     opt.step()
-    return time.perf_counter() - start
+    update = time.perf_counter()
+    if schedule is not None:
+        schedule.step(index + 1)
+    end = time.perf_counter()
+    return end - start, end - update
 
 
 def _far_gate_logits(model):
@@ -81,25 +94,33 @@ def _far_gate_logits(model):
     return pairs
 
 
-def run(kind: str, batch: int, k: int, modes: list[str], steps: int, far_gates: bool = False) -> dict:
+def run(
+    kind: str, batch: int, k: int, modes: list[str], steps: int, far_gates: bool = False, prune_to: float | None = None
+) -> dict:
     """Every mode's step times and each SQS mode's per-step ratios to the plain step of the same round."""
+    import sqs_core as sqs
     import torch
     from _step_models import build, certified_fraction, training
 
-    setups, resets = {}, {}
+    setups, resets, schedules = {}, {}, {}
     for mode in ["plain", *modes]:
         model, x, loss_fn = build(kind, batch, torch.device("cpu"))
         setups[mode] = (model, x, *training(model, loss_fn, mode, k))
         resets[mode] = _far_gate_logits(model) if far_gates and mode != "plain" else []
+        use = prune_to is not None and mode != "plain"
+        schedules[mode] = sqs.PruningSchedule(model, target_nonzero=prune_to, total_steps=steps) if use else None
     names = list(setups)
     times: dict[str, list[float]] = {mode: [] for mode in names}
+    updates: dict[str, list[float]] = {mode: [] for mode in names}
     for i in range(steps):
         shift = i % len(names)
         for mode in names[shift:] + names[:shift]:
             with torch.no_grad():
                 for parameter, value in resets[mode]:
                     parameter.copy_(value)
-            times[mode].append(_step(*setups[mode]))
+            step_s, update_s = _step(*setups[mode], schedules[mode], i)
+            times[mode].append(step_s)
+            updates[mode].append(update_s)
     result = {"plain": {"step_s": median(times["plain"][1:6]), "late_step_s": median(times["plain"][-5:])}}
     result["plain"]["steps_s"] = times["plain"]
     for mode in modes:
@@ -111,6 +132,8 @@ def run(kind: str, batch: int, k: int, modes: list[str], steps: int, far_gates: 
             "late_step_s": median(times[mode][-5:]),
             "first_step_s": times[mode][0],
             "certified_fraction": certified_fraction(setups[mode][0]),
+            "nonzero": None if schedules[mode] is None else schedules[mode].current_nonzero,
+            "schedule_s": updates[mode],
             "ratios": ratios,
             "steps_s": times[mode],
         }
@@ -122,7 +145,7 @@ def main() -> None:
     if "sqs-compiled" in modes and not args.warm_cache:
         cache = tempfile.TemporaryDirectory(prefix="inductor-")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name  # read when inductor first compiles
-    result = run(kind, batch, k, modes, args.steps, args.far_gates)
+    result = run(kind, batch, k, modes, args.steps, args.far_gates, args.prune_to)
     for mode in modes:
         r = result[mode]
         print(
@@ -136,6 +159,7 @@ def main() -> None:
         "case": f"{kind}:{batch}",
         "steps": args.steps,
         "far_gates": args.far_gates,
+        "prune_to": args.prune_to,
     }
     if args.out is not None:
         write_json(args.out, {**payload, **result})  # no half-written results

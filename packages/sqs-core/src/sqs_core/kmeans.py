@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import F32_STD_MIN
+from ._checks import F32_STD_MIN, all_finite
 
 __all__ = ["GMMInit", "kmeans_1d", "kmeans_1d_sorted", "order_keys", "sorted_values"]
 
@@ -145,7 +145,7 @@ def _check(flat: torch.Tensor, k: int) -> None:
         raise ValueError(f"k must be >= 2, got {k}")
     if flat.numel() == 0:
         raise ValueError("kmeans_1d needs at least one value")
-    if not torch.isfinite(flat).all():
+    if not all_finite(flat):
         raise ValueError("kmeans_1d got a NaN or infinite value")
 
 

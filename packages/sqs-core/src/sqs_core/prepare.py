@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ._checks import check_flag
+from ._checks import all_finite, check_flag
 from .config import SQSConfig
 from .layers import SQSLayer, adapter_for, compressed_names, own_forward, parameter_adapter
 from .posterior import SpikeGMMPosterior
@@ -237,7 +237,7 @@ def _check_weight(name: str, module: nn.Module, attr: str) -> None:
             "torch.nn.utils.weight_norm / spectral_norm, or torch.nn.utils.prune): fold it first with "
             "sqs_core.plain_weights_(model) (and the same on the skeleton you load into), or exclude the layer"
         )
-    if not weight.is_floating_point() or not torch.isfinite(weight).all():
+    if not weight.is_floating_point() or not all_finite(weight):
         raise ValueError(f"layer {name!r} has a NaN or infinite weight (or a non-float dtype); fix it first")
     if weight.numel() == 0:
         raise ValueError(f"layer {name!r} has an empty weight {tuple(weight.shape)}: exclude it")

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._checks import check_flag, check_real
+from ._checks import check_flag, check_real, has_nan
 
 __all__ = ["check_nonzero", "keep_top_fraction"]
 
@@ -32,7 +32,7 @@ def _check_scores(scores: Any) -> None:
         if not isinstance(value, torch.Tensor) or value.is_complex():
             kind = f"a {value.dtype} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
             raise ValueError(f"scores[{name!r}] must be a real (float, integer or bool) tensor, got {kind}")
-        if value.is_floating_point() and bool(torch.isnan(value).any()):
+        if has_nan(value):
             count = f"{int(torch.isnan(value).sum())} of {value.numel()}"
             raise ValueError(f"scores[{name!r}] holds NaN ({count}): NaN has no rank")
 
