@@ -247,3 +247,19 @@ def test_a_weight_the_schedule_returns_gets_its_own_k_star_in_the_kl(log_std, sh
         fresh = p.kl().item()
     assert after_return == fresh
     assert with_stale != fresh  # the case would not tell otherwise
+
+
+def test_kl_after_a_state_dict_load_sums_at_the_loaded_parameters():
+    """A posterior that ran a forward and then loads another state (a checkpoint whose mask keeps weights this
+    one pruned) sums the next ``kl()`` at the loaded parameters' own k*, as a fresh forward would."""
+    source, target = _posterior(seed=1, k=6), _posterior(seed=1, k=6)
+    with torch.no_grad():
+        for p in (source, target):
+            p.log_stds.fill_(-7.0)
+            p.means.add_(0.003)
+        source.mask.fill_(True)
+        target.moments()  # its k*: the bin's best for every fifth weight, which it prunes
+        target.load_state_dict(source.state_dict())
+        loaded = target.kl().item()
+        source.moments()
+        assert loaded == source.kl().item()

@@ -180,8 +180,10 @@ class SpikeGMMPosterior(nn.Module):
         self._prune_pinned()
 
     def _pin_after_load(self, module: nn.Module, incompatible_keys: Any) -> None:
-        """load_state_dict's post hook: a loaded mask gets the pinned rows pruned again."""
+        """load_state_dict's post hook: a loaded mask gets the pinned rows pruned again; the last forward's k*
+        (of other parameters, and only its bin's best for a weight pruned then) is dropped."""
         self._prune_pinned()
+        self._kstar = None
 
     @torch.no_grad()
     def set_mask_(self, keep: torch.Tensor | bool) -> None:
