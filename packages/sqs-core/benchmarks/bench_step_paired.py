@@ -14,8 +14,8 @@ after the last step, and every step's time. The compiled mode compiles into a fr
 λ̃ μ at and below float32's smallest normal number (docs/method.md, "Session 32").
 
 ``--prune-to R`` runs the paper's pruning schedule (Algorithm 1; ``sqs.PruningSchedule(target_nonzero=R,
-total_steps=--steps)``: the cubic ramp over the first 75% of the steps) after every SQS step, inside the timed
-step (its own time is also reported as ``schedule_s``). Pruned weights skip the mixture's evaluation
+total_steps=--steps, update_every=--prune-every)``: the cubic ramp over the first 75% of the steps) after every SQS
+step, inside the timed step (its own time is also reported as ``schedule_s``). Pruned weights skip the mixture's evaluation
 (``chunked.skip_pruned``), so late steps gain as the ramp advances.
 
 Peak memory needs a process per mode: bench_step.py measures it. The models share one process and one
@@ -23,7 +23,7 @@ allocator here, so each step runs on whatever heap the other models' steps left 
 this times the steps' work, not their page faults on fresh memory.
 
 Usage: python bench_step_paired.py --only KIND:BATCH [--modes sqs sqs-compiled] [--steps N] [--warm-cache]
-[--far-gates] [--prune-to R] [--out FILE]
+[--far-gates] [--prune-to R [--prune-every N]] [--out FILE]
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def _arguments():
     parser.add_argument("--warm-cache", action="store_true", help="compile into the user's inductor cache")
     parser.add_argument("--far-gates", action="store_true", help="gate logits set to |s̃/τ'| in [80, 95] each step")
     parser.add_argument("--prune-to", type=float, default=None, metavar="R", help="pruning schedule to non-zero R")
+    parser.add_argument("--prune-every", type=int, default=1, metavar="N", help="the schedule's update_every")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write (default: print only)")
     args = parser.parse_args()
     try:
@@ -59,6 +60,8 @@ def _arguments():
         parser.error(f"--steps must be at least 15 (steps 2–6 and the last five are reported), got {args.steps}")
     if args.prune_to is not None and not 0 < args.prune_to <= 1:
         parser.error(f"--prune-to must lie in (0, 1], got {args.prune_to}")
+    if args.prune_every < 1:
+        parser.error(f"--prune-every must be at least 1, got {args.prune_every}")
     if args.out is not None and args.out.is_dir():
         parser.error(f"--out {args.out} is a folder; give a file name")
     return args, case, list(dict.fromkeys(args.modes))
@@ -95,7 +98,7 @@ def _far_gate_logits(model):
 
 
 def run(
-    kind: str, batch: int, k: int, modes: list[str], steps: int, far_gates: bool = False, prune_to: float | None = None
+    kind: str, batch: int, k: int, modes: list[str], steps: int, far_gates: bool = False, prune: dict | None = None
 ) -> dict:
     """Every mode's step times and each SQS mode's per-step ratios to the plain step of the same round."""
     import sqs_core as sqs
@@ -107,8 +110,8 @@ def run(
         model, x, loss_fn = build(kind, batch, torch.device("cpu"))
         setups[mode] = (model, x, *training(model, loss_fn, mode, k))
         resets[mode] = _far_gate_logits(model) if far_gates and mode != "plain" else []
-        use = prune_to is not None and mode != "plain"
-        schedules[mode] = sqs.PruningSchedule(model, target_nonzero=prune_to, total_steps=steps) if use else None
+        use = prune is not None and mode != "plain"
+        schedules[mode] = sqs.PruningSchedule(model, **prune, total_steps=steps) if use else None
     names = list(setups)
     times: dict[str, list[float]] = {mode: [] for mode in names}
     updates: dict[str, list[float]] = {mode: [] for mode in names}
@@ -145,7 +148,8 @@ def main() -> None:
     if "sqs-compiled" in modes and not args.warm_cache:
         cache = tempfile.TemporaryDirectory(prefix="inductor-")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name  # read when inductor first compiles
-    result = run(kind, batch, k, modes, args.steps, args.far_gates, args.prune_to)
+    prune = None if args.prune_to is None else {"target_nonzero": args.prune_to, "update_every": args.prune_every}
+    result = run(kind, batch, k, modes, args.steps, args.far_gates, prune)
     for mode in modes:
         r = result[mode]
         print(
@@ -160,6 +164,7 @@ def main() -> None:
         "steps": args.steps,
         "far_gates": args.far_gates,
         "prune_to": args.prune_to,
+        "prune_every": args.prune_every if args.prune_to is not None else None,
     }
     if args.out is not None:
         write_json(args.out, {**payload, **result})  # no half-written results
