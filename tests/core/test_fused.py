@@ -313,7 +313,7 @@ def test_a_kernel_past_dynamos_recompile_limit_compiles_on():
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_pruned_weights_are_not_evaluated(monkeypatch, small_chunks, compiled):
-    """The mixture evaluates exactly the uncovered weights the mask keeps (chunked.skip_pruned), on both paths:
+    """The mixture evaluates exactly the uncovered weights the mask keeps (onehot.classify's keep), on both paths:
     a pruned weight's λ̃ is 0, so its θ^avg, Var and gradients do not depend on φ (the values and gradients
     against autograd: test_posterior, test_compiled_values_and_gradients_match_eager, both with every fifth
     weight pruned)."""

@@ -173,7 +173,7 @@ def test_training_forward_takes_the_argmax_of_pi_n_where_phi_ties(seed, k, log_s
     increases with) over the components the weight is evaluated on, not the first of the tied φ. That is the
     argmax over all K wherever some π_k N_k is above the lumping level: the nearby path leaves out only
     components whose π N stays below it over the whole bin. Pruned weights (every fifth) are not evaluated
-    (chunked.skip_pruned): they are left out here."""
+    (onehot.classify's keep): they are left out here."""
     p = _posterior(seed=seed, k=k)
     p = p.float() if dtype == "f32" else p
     with torch.no_grad():
@@ -226,7 +226,7 @@ def test_levels_and_alternatives_in_one_pass_match_the_two_methods():
 
 @pytest.mark.parametrize(("log_std", "shift"), [(-7.0, 0.003), (-4.0, 0.02)])
 def test_a_weight_the_schedule_returns_gets_its_own_k_star_in_the_kl(log_std, shift):
-    """A pruned weight is not evaluated (chunked.skip_pruned): its forward k* is its bin's best, not its argmax.
+    """A pruned weight is not evaluated (onehot.classify's keep): its forward k* is its bin's best, not its argmax.
     ``set_mask_`` keeps the forward's k* while no weight returns and drops it when one does, so the next
     ``kl()`` without a forward sums at the weights' own k* (what a fresh forward gives), not the stale one."""
     p = _posterior(seed=1, k=6)

@@ -16,7 +16,7 @@ after the last step, and every step's time. The compiled mode compiles into a fr
 ``--prune-to R`` runs the paper's pruning schedule (Algorithm 1; ``sqs.PruningSchedule(target_nonzero=R,
 total_steps=--steps, update_every=--prune-every)``: the cubic ramp over the first 75% of the steps) after every SQS
 step, inside the timed step (its own time is also reported as ``schedule_s``). Pruned weights skip the mixture's evaluation
-(``chunked.skip_pruned``), so late steps gain as the ramp advances.
+(``onehot.classify``'s ``keep``), so late steps gain as the ramp advances.
 
 Peak memory needs a process per mode: bench_step.py measures it. The models share one process and one
 allocator here, so each step runs on whatever heap the other models' steps left (glibc keeps freed memory):

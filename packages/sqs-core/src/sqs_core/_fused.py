@@ -54,7 +54,7 @@ __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_t
 def _certify(theta, window_ids, mask, table):
     """(k*, μ_{k*}, class) of onehot.classify: one bin lookup and one comparison per weight, a pruned weight
     (``mask`` False: λ̃ = 0, so θ^avg = 0 and no gradient whatever φ) classed certified, at its bin's best
-    component (:func:`sqs_core.chunked.skip_pruned`). ``table``: the
+    component (:func:`sqs_core.onehot.classify` with ``keep``). ``table``: the
     BinTable's (mean_radius, codes, low, inv_width), the floats as 0-d tensors; the bin's best component,
     near width and owner come from one int32 code (three gathers instead of five: 30% off this part of the
     kernel on an AVX2 machine). The class as arithmetic on int32: inductor stores a float comparison's mask

@@ -134,17 +134,6 @@ def uncertain_log_responsibilities(theta, window_ids, certified, means, log_stds
         yield index, log_responsibilities(q, kind, temperature), q.argmax(-1)
 
 
-def skip_pruned(classes: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """:func:`onehot.classify`'s classes with every pruned weight (``mask`` False) classed :data:`CERTIFIED`,
-    in place. Exact: its λ̃ is 0, so θ^avg = λ̃ Σ_k φ_k μ_k = 0 and Var_q = σ_0² whatever φ,
-    every gradient through φ carries the factor λ̃ (0 too), and its gate KL term −log(1 − λ) has no k*. So
-    the pruning schedule's zeros skip the mixture: late in training, when many weights are uncovered, the
-    step's nearby and full evaluations shrink with the non-zero rate. Its k* is the bin's best component
-    (what :meth:`SpikeGMMPosterior.kl` reuses until the next forward; ``set_mask_`` drops it when a weight
-    returns)."""
-    return classes.masked_fill_(~mask, CERTIFIED)
-
-
 class _PosteriorMoments(torch.autograd.Function):
     """θ^avg_i = λ̃_i Σ_k φ_ik μ_k and (optionally) Var_q(θ̃_i); also k*_i = argmax_k φ_ik.
 
@@ -175,8 +164,7 @@ class _PosteriorMoments(torch.autograd.Function):
         block_indices: list[torch.Tensor] = []  # its indices within the chunk, int32, kept for backward
         for a, b in _chunk_ranges(theta.numel(), 1, theta.device):
             th, wid = theta[a:b], window_ids[a:b]
-            ks, m, cls = classify(th, wid, table)
-            skip_pruned(cls, mask[a:b])
+            ks, m, cls = classify(th, wid, table, keep=mask[a:b])  # a pruned weight is not evaluated
             s = _level_second_moment(m, _flat_index(wid, ks, k), log_stds) if second else None
             for u, width in uncovered_blocks(cls, table, k, chunk_elements(theta.device)):
                 th_u, wid_u = th.index_select(0, u), wid.index_select(0, u).long()  # 3× faster than th[u]

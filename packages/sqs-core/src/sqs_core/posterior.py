@@ -199,7 +199,7 @@ class SpikeGMMPosterior(nn.Module):
         self._pending_kl = None  # summed at the old mask (its key would not tell: the new buffer is version 0)
         self._prune_pinned()
         if self._kstar is not None and bool((self.mask > old).any()):
-            self._kstar = None  # a returning weight's k* was its bin's best (chunked.skip_pruned), not its argmax
+            self._kstar = None  # a returning weight's k* was its bin's best (onehot.classify's keep), not its argmax
 
     @torch.no_grad()
     def _prune_pinned(self) -> None:
