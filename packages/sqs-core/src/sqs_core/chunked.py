@@ -302,7 +302,7 @@ def _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds):
     Var = λ̃ (μ² + σ²) − (λ̃ μ)² also ∂Var/∂μ = 2 λ̃ μ (1 − λ̃), ∂Var/∂log σ = 2 λ̃ σ². Uncertain weights
     contribute zero here (their gradients come from the full path)."""
     g_means, g_log_stds, _ = param_grads
-    on = torch.where(cert, lam, lam.new_zeros(()))
+    on = lam * cert  # torch.where(cert, λ̃, 0) (λ̃ ≥ 0: the same bits), faster (_gate_terms._gate_probs)
     dm, sums = gm * on, []
     if gv is not None:
         gv = gv * on
