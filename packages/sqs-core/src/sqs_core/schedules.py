@@ -24,7 +24,7 @@ from torch import nn
 
 from ._checks import check_finite_parameters, check_flag, check_int, check_real
 from .prepare import posteriors, prepared_config
-from .selection import check_nonzero, keep_top_fraction
+from .selection import check_nonzero, keep_top_fraction_of_checked
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _check_step(step: int) -> int:
 class PruningSchedule:
     """Cubic ramp of the forced-zero gates to ``1 − target_nonzero``; call ``step(t)`` every step.
 
-    An update ranks every gate of the model (exact, by ``selection.keep_top_fraction``): about 0.1 s per 16.8M
+    An update ranks every gate of the model (exact, ``selection.keep_top_fraction``): about 0.1 s per 16.8M
     gates on a 2-core CPU. ``update_every=N`` (Zhu & Gupta's Δt) updates the masks every N steps only, which
     amortises that cost on large models; a pruned weight costs no mixture evaluation in a training step."""
 
@@ -112,7 +112,7 @@ class PruningSchedule:
             for name, p in posts.items():  # a NaN gate has no rank: it would be kept or pruned arbitrarily
                 check_finite_parameters(name, p, ("gate_logits",), "its gates cannot be ranked for pruning")
             scores = {name: p.without_pinned(p.keep_logits().detach(), -math.inf) for name, p in posts.items()}
-            masks = keep_top_fraction(scores, nonzero, per_layer=self.per_layer)
+            masks = keep_top_fraction_of_checked(scores, nonzero, per_layer=self.per_layer)  # gates checked above
             for name, p in posts.items():
                 p.set_mask_(masks[name])
         self.current_nonzero = nonzero

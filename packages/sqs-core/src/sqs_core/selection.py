@@ -9,7 +9,7 @@ import torch
 
 from ._checks import check_flag, check_real, has_nan
 
-__all__ = ["check_nonzero", "keep_top_fraction"]
+__all__ = ["check_nonzero", "keep_top_fraction", "keep_top_fraction_of_checked"]
 
 
 def check_nonzero(nonzero: Any, *, name: str = "nonzero") -> float:
@@ -96,9 +96,17 @@ def keep_top_fraction(
     within each tensor. Scores below the Non-zero quantile are pruned; the kept count is
     round(nonzero · T) exactly (at least one weight). Float scores are ranked as float32, integer ones as
     they are."""
+    _check_scores(scores)
+    return keep_top_fraction_of_checked(scores, nonzero, per_layer=per_layer)
+
+
+def keep_top_fraction_of_checked(
+    scores: dict[str, torch.Tensor], nonzero: float, *, per_layer: bool = False
+) -> dict[str, torch.Tensor]:
+    """:func:`keep_top_fraction` for float scores the caller built from parameters it has checked finite (the
+    pruning schedule's s̃/τ'): the same masks without a second NaN pass over every score."""
     nonzero = check_nonzero(nonzero)
     check_flag("per_layer", per_layer)
-    _check_scores(scores)
     if per_layer:
         out = {}
         for name, s in scores.items():
