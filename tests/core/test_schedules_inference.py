@@ -93,14 +93,17 @@ def _keep_top_by_sort(scores, n_keep):
     period=st.integers(1, 9),
     nonzero=nonzero_rates,
     integer=st.booleans(),
+    chunk=st.sampled_from([1 << 20, 8, 13]),
 )
-def test_keep_top_matches_a_stable_sort_through_the_sampled_bracket(values, repeat, period, nonzero, integer):
-    """selection._kth_smallest brackets the threshold from a strided sample (shrunk here so small tensors take that
+def test_keep_top_matches_a_stable_sort_through_the_sampled_bracket(values, repeat, period, nonzero, integer, chunk):
+    """selection._keep_top brackets the threshold from a strided sample (shrunk here so small tensors take that
     route): the mask equals a stable sort's, whether the counts accept the bracket or refuse it (a sample whose
-    stride meets the scores' period sees an unrepresentative sample)."""
+    stride meets the scores' period sees an unrepresentative sample), in one chunk or many (``chunk`` keys a
+    pass holds: 13 leaves bytes past the last whole 8-byte word of a chunk's mask)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(selection, "SAMPLE", 16)
         patch.setattr(selection, "SAMPLE_MARGIN", 2)
+        patch.setattr(selection, "CHUNK", chunk)
         _check_keep_top(values, repeat, period, nonzero, integer)
 
 
@@ -113,7 +116,48 @@ def _check_keep_top(values, repeat, period, nonzero, integer):
     assert torch.equal(selection._keep_top(scores, n_keep), _keep_top_by_sort(scores, n_keep))
 
 
-@pytest.mark.parametrize("pattern", ["sorted", "periodic", "periodic-low", "constant"])
+@settings(max_examples=40)
+@given(
+    sizes=st.lists(st.integers(1, 300), min_size=1, max_size=4),
+    scaled=st.lists(st.booleans(), min_size=4, max_size=4),
+    divisor=st.floats(1e-3, 1e3),
+    double=st.booleans(),
+    nonzero=nonzero_rates,
+    per_layer=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_divided_scores_rank_as_their_quotients_would(sizes, scaled, divisor, double, nonzero, per_layer, seed):
+    """The schedule's ``divisors`` (s̃ / τ', divided chunk by chunk) give the masks of the quotients built in full,
+    ties after rounding included (neighbouring floats: a quotient can round two of them to one value)."""
+    gen = torch.Generator().manual_seed(seed)
+    dtype = torch.float64 if double else torch.float32
+    scores, divisors = {}, {}
+    for i, n in enumerate(sizes):
+        base = torch.randn(n, generator=gen, dtype=dtype).round(decimals=1)  # many equal values
+        scores[f"l{i}"] = torch.where(torch.rand(n, generator=gen) < 0.3, torch.nextafter(base, base + 1), base)
+        if scaled[i]:
+            divisors[f"l{i}"] = torch.tensor(divisor, dtype=torch.float32)
+    quotients = {name: s / divisors[name] if name in divisors else s for name, s in scores.items()}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(selection, "SAMPLE", 16)
+        patch.setattr(selection, "SAMPLE_MARGIN", 2)
+        patch.setattr(selection, "CHUNK", 13)
+        got = selection.keep_top_fraction_of_checked(scores, nonzero, per_layer=per_layer, divisors=divisors)
+        want = keep_top_fraction(quotients, nonzero, per_layer=per_layer)
+    assert all(torch.equal(got[name], want[name]) for name in scores)
+
+
+@settings(max_examples=40)
+@given(n=st.integers(0, 200), density=st.floats(0, 1), offset=st.integers(0, 9), seed=st.integers(0, 1000))
+def test_positions_are_those_of_nonzero(n, density, offset, seed):
+    """selection._positions (8-byte words first) lists a mask's set places as torch.nonzero does, for any length
+    and for a slice that starts inside a word (plain nonzero there)."""
+    mask = torch.rand(n + offset, generator=torch.Generator().manual_seed(seed)) < density
+    for m in (mask[offset:], mask[offset:].clone()):
+        assert torch.equal(selection._positions(m), torch.nonzero(m).squeeze(1))
+
+
+@pytest.mark.parametrize("pattern", ["sorted", "periodic", "periodic-low", "periodic-tied", "constant"])
 def test_the_sampled_bracket_is_refused_where_it_misses_and_the_mask_stays_exact(monkeypatch, pattern):
     monkeypatch.setattr(selection, "SAMPLE", 16)
     monkeypatch.setattr(selection, "SAMPLE_MARGIN", 1)
@@ -122,6 +166,7 @@ def test_the_sampled_bracket_is_refused_where_it_misses_and_the_mask_stays_exact
         "sorted": torch.arange(n, dtype=torch.float32),
         "periodic": (torch.arange(n) % (n // 16) == 0).float() * 5 + torch.arange(n) * 1e-3,  # the sample sees 5s
         "periodic-low": (torch.arange(n) % (n // 16) == 0).float() * -5 + torch.arange(n) * 1e-3,
+        "periodic-tied": torch.where(torch.arange(n) % (n // 16) == 0, 5.0, torch.arange(n) * 1e-3),  # sees 5s only
         "constant": torch.full((n,), 2.0),
     }[pattern]
     calls = []
