@@ -205,8 +205,16 @@ def _lumped_backward(u, gate_logits, mask, window_ids, grad_mean, grad_var, tabl
     return g_gate, wid, *total_grads
 
 
+UNROLLED_FUSION = {"max_fusion_size": 1 << 12}
+"""Inductor settings of the unrolled nearby kernels: fuse up to 4,096 nodes into one loop (inductor's default is 64).
+At width 16 the unrolled graphs have several hundred nodes, and with the default inductor cut them into 3–4 loops
+that wrote 55–134 intermediate rows to memory and read them back. From the 4096² layer's step-300 state (session
+39's Intel Xeon; 417k weights at width 16): 358 → 64 ns a weight forward, 510 → 227 backward; widths 4 and 8
+unchanged (they fit). Raising the realize thresholds as well (sqs_core._dense.INLINE) had not finished compiling
+the width-16 kernels after 20 minutes."""
+
 KERNELS = {
-    fn.__name__: _Kernel(fn)
+    fn.__name__: _Kernel(fn, options=UNROLLED_FUSION if fn in (_nearby_forward, _nearby_vjp) else None)
     for fn in (
         _full_columns,
         _nearby_forward,
