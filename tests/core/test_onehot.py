@@ -232,6 +232,43 @@ def test_flat_indices_with_a_test_match_the_full_mask(values, chunk, target):
     assert torch.equal(got.long(), (tensor != target).nonzero().squeeze(1))
 
 
+_CLASSES = [onehot.CERTIFIED, 0, ALL_LUMPED, *NEARBY_WIDTHS]
+
+
+@given(
+    classes=st.lists(st.sampled_from(_CLASSES), max_size=300),
+    block=st.integers(1, 200),
+    k=st.integers(2, 64),
+    lumpable=st.lists(st.sampled_from([ALL_LUMPED, *NEARBY_WIDTHS]), unique=True).map(sorted),
+)
+def test_uncovered_blocks_cut_every_uncovered_weight_into_its_class(classes, block, k, lumpable):
+    """uncovered_blocks yields each weight that is not CERTIFIED exactly once, in blocks of one class: the table's
+    lumpable classes in its order, then 0, each class's indices ascending, no block wider than the block budget
+    allows; a class outside them is refused rather than dropped."""
+    lumpable = tuple(lumpable)
+    table = mock.Mock(lumpable=lumpable, any_lumpable=bool(lumpable))
+    values = torch.tensor(classes, dtype=torch.uint8)
+    uncovered_classes = {c for c in classes if c != onehot.CERTIFIED}
+    allowed = set(lumpable) | {0} if lumpable else set(_CLASSES)
+    if lumpable and not uncovered_classes <= allowed:
+        with pytest.raises(RuntimeError, match="outside"):
+            list(onehot.uncovered_blocks(values, table, k, block, torch.int32))
+        return
+    blocks = list(onehot.uncovered_blocks(values, table, k, block, torch.int32))
+    got = torch.cat([u for u, _ in blocks]).long() if blocks else torch.zeros(0, dtype=torch.long)
+    width_of = [w for u, w in blocks for _ in range(u.numel())]
+    order = [*lumpable, 0]
+    if lumpable:  # grouped by class, in the table's order, ascending within a class
+        want = [i for w in order for i, c in enumerate(classes) if c == w]
+        assert got.tolist() == want
+        assert width_of == [classes[i] for i in want]
+    else:  # one group, whatever the classes
+        assert got.tolist() == [i for i, c in enumerate(classes) if c != onehot.CERTIFIED]
+        assert set(width_of) <= {0}
+    for u, w in blocks:
+        assert 0 < u.numel() <= max(1, block // (onehot.columns_of(w) or k))
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("k", [4, 8])
 @pytest.mark.parametrize("extreme", ["tiny-sigma", "far-means"])

@@ -295,24 +295,21 @@ class FusedPosteriorMoments(torch.autograd.Function):
         )
         # int32 indices: they are saved for backward
         blocks = list(uncovered_blocks(classes, table, means.shape[1], chunk_elements(theta.device), torch.int32))
-        inputs = (theta, gate_logits, means, log_stds, mask, window_ids, kstar)
+        inputs = (theta, gate_logits, means, log_stds, mask, window_ids)
         kl_table = None if component_kl is None else component_kl.detach().reshape(-1)
         scalars, saved_blocks = bin_scalars(table, theta.dtype), []
         tables = NearbyTables.build(means, log_stds, log_mix, second) if table.any_lumpable else None
+        out = (mean, var if second else None, kstar)  # the blocks overwrite their weights' entries
         for u, width in blocks:
             if width:
                 assert tables is not None  # a width only where the table has lumpable bins
                 lookup = (table.nearby[:, : columns_of(width)], *scalars)  # (B, columns) components, bin_of's floats
-                results = nearby_block(u, width, inputs, lookup, tables, spec, kl_table)
+                correction, bins = nearby_block(u, width, inputs, lookup, tables, spec, kl_table, out)
             else:
-                results = full_block(u, inputs, log_mix, spec, second, kl_table)
-            mean_u, var_u, levels, correction, bins = results
+                correction, bins = full_block(u, inputs, log_mix, spec, second, kl_table, out)
             saved_blocks += [u] if bins is None else [u, bins]
             if correction is not None:
                 kl = kl + correction
-            kstar[u], mean[u] = levels, mean_u
-            if var_u is not None:
-                var[u] = var_u
         saved = (theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes)
         # the blocks' indices and bins as saved tensors too, so that autograd frees them after backward
         ctx.save_for_backward(*saved, table.nearby, *saved_blocks)

@@ -69,26 +69,41 @@ def bin_scalars(table, dtype):
     return torch.tensor(table.low, dtype=dtype), torch.tensor(table.inv_width, dtype=dtype)
 
 
-def _nearby_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tables, totals, scalars, kl_table):
-    """θ^avg, Var or None, k*, the gate-KL correction (or None) and the bins (int32, for backward) of the
-    uncovered weights ``u`` in lumpable bins: their inputs gathered, their bins found again and their nearby
-    components (``lookup``: the (B, width) table, ``low``, ``inv_width``) looked up in the (W·K,) ``tables``
-    (μ, 1/σ, log π − log σ − ½ log 2π) and :func:`_nearby_rows`, in one kernel (the forward needs no graph).
-    ``totals``: (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: L, τ, τ', K, σ_0²."""
+def _nearby_forward(u, theta, gate_logits, mask, window_ids, lookup, tables, totals, scalars, kl_table, out):
+    """θ^avg, Var (with ``out``'s Var) and k* of the uncovered weights ``u`` in lumpable bins, written at ``u`` into
+    ``out`` = (θ^avg, Var or None, k*) of all weights (its k*, the certificate's, read first for the KL), and
+    returned: the gate-KL correction (or None) and the bins (int32, for backward): their inputs gathered, their
+    bins found again and their nearby components (``lookup``: the (B, width) table, ``low``, ``inv_width``) looked
+    up in the (W·K,) ``tables`` (μ, 1/σ, log π − log σ − ½ log 2π) and :func:`_nearby_rows`, in one kernel (the
+    forward needs no graph). ``totals``: (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: L, τ, τ', K,
+    σ_0². Writing inside the kernel: eager ``index_put_``s at int32 indices took 4.4 ns a weight."""
     lumped, temperature = scalars[:2]
     th, wid, flat, bins, mu, inv_std, const = _gathered_rows(u, theta, window_ids, lookup, tables)
     total_sq = None if totals[1] is None else totals[1][wid]
     rows = nearby_rows(th, mu, inv_std, const, totals[0][wid], total_sq, lumped, temperature)  # float64 m, s
-    return *_rows_outputs(u, th, wid, flat, rows, gate_logits, mask, kstar, scalars[2:], kl_table), bins
+    outputs = _rows_outputs(u, th, wid, flat, rows, gate_logits, mask, out[2], scalars[2:], kl_table)
+    return _written(u, out, outputs), bins
 
 
-def _lumped_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tables, totals, scalars, kl_table):
+def _lumped_forward(u, theta, gate_logits, mask, window_ids, lookup, tables, totals, scalars, kl_table, out):
     """:func:`_nearby_forward` of weights in all-lumped bins (onehot.ALL_LUMPED; ``lookup``'s table: their
-    onehot.LUMPED_SCAN columns, for k*), by :func:`lumped_rows`; no bins returned (backward needs none)."""
+    onehot.LUMPED_SCAN columns, for k*), by :func:`lumped_rows`; returns the KL correction alone (backward needs
+    no bins)."""
     th, wid, flat, _, mu, inv_std, const = _gathered_rows(u, theta, window_ids, lookup, tables)
     total_sq = None if totals[1] is None else totals[1][wid]
     rows = lumped_rows(th, mu, inv_std, const, totals[0][wid], total_sq, scalars[3])
-    return _rows_outputs(u, th, wid, flat, rows, gate_logits, mask, kstar, scalars[2:], kl_table)
+    return _written(u, out, _rows_outputs(u, th, wid, flat, rows, gate_logits, mask, out[2], scalars[2:], kl_table))
+
+
+def _written(u, out, outputs):
+    """Write ``outputs`` = (θ^avg, Var or None, k*, KL correction or None) of weights ``u`` at ``u`` into ``out`` =
+    (θ^avg, Var or None, k*) of all weights; return the correction."""
+    mean, var, kstar, correction = outputs
+    out[0][u] = mean
+    if var is not None:
+        out[1][u] = var
+    out[2][u] = kstar
+    return correction
 
 
 def _gathered_rows(u, theta, window_ids, lookup, tables):
@@ -141,14 +156,15 @@ def _nearby_inputs(u, bins, theta, gate_logits, mask, window_ids, grad_mean, gra
     return theta[u], window_ids[u].long(), lam, lam_raw, grad_mean[u], gv, flat.long()  # int64: scatter_add_'s
 
 
-def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars):
+def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars, u, grads):
     """Backward of uncovered weights in one kernel: their (width, n) columns of the flat (W·K,) ``tables``
     (μ, 1/σ, log π − log σ − ½ log 2π) at the component indices ``flat`` and their windows' ``totals``
     (Σ_k μ_k, Σ_k (μ_k² + σ_k²) or None) gathered inside it (no column is written out), θ^avg (and Var)
     recomputed and pulled back by hand (sqs_core._fused_nearby.nearby_rows_vjp) with ∂L/∂θ^avg = ``gm`` and
-    ∂L/∂Var = ``gv`` (None: Var unused). Returns (the moments' part of ∂/∂s̃, ∂/∂θ, ∂/∂ of the μ, 1/σ and
-    log π − log σ − ½ log 2π columns (width, n) float64, of Σ_k μ_k and, with Var, of Σ_k (μ_k² + σ_k²));
-    the caller sums the column gradients into the (W, K) parameters, deterministically."""
+    ∂L/∂Var = ``gv`` (None: Var unused). The moments' part of ∂/∂s̃ and ∂/∂θ go into ``grads`` at the weights
+    ``u`` (:func:`_added`); returns ∂/∂ of the μ, 1/σ and log π − log σ − ½ log 2π columns (width, n) float64 and
+    of Σ_k μ_k and, with Var, of Σ_k (μ_k² + σ_k²): the caller sums them into the (W, K) parameters,
+    deterministically."""
     lumped, temperature, tau, spike_var = scalars
     mu, inv_std, const = ([t[i] for i in flat.unbind(0)] for t in tables)  # the (width, n) index as width rows
     total_sq = None if gv is None else totals[1][wid]
@@ -158,10 +174,20 @@ def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars):
     g_gate = gate_logit_grad(moments_dlam(gm, gv, m, s, lam64, spike_var), lam64, lam_raw, tau).to(th.dtype)
     # ∂/∂θ below θ's smallest normal number is 0: rounding it to a subnormal costs a microcode assist per vector
     g_th = torch.where(g_th.abs() < torch.finfo(th.dtype).tiny, 0.0, g_th).to(th.dtype)
-    return g_gate, g_th, *(torch.stack(g) for g in (g_mu, g_inv, g_const)), *total_grads
+    _added(u, grads, g_gate, g_th)
+    return *(torch.stack(g) for g in (g_mu, g_inv, g_const)), *total_grads
 
 
-def _rolled_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tables, totals, scalars, kl_table):
+def _added(u, grads, g_gate, g_theta):
+    """``grads`` = (∂/∂s̃ of all weights, ∂/∂θ of all weights or None) += (``g_gate``, ``g_theta``) at the weights
+    ``u`` (distinct): one add each, as ``index_add_`` (the same bits), inside the kernel (eager, ``index_add_``
+    at int32 indices took 2.3 ns a weight)."""
+    grads[0][u] = grads[0][u] + g_gate.to(grads[0].dtype)
+    if grads[1] is not None:
+        grads[1][u] = grads[1][u] + g_theta.to(grads[1].dtype)
+
+
+def _rolled_forward(u, theta, gate_logits, mask, window_ids, lookup, tables, totals, scalars, kl_table, out):
     """:func:`_nearby_forward` for blocks wider than :data:`UNROLLED_MAX`: sqs_core._nearby's (width, n)
     evaluation (a loop over the components, not unrolled) with the gathers and the gate in one kernel."""
     temperature, k = scalars[1], scalars[3]
@@ -171,14 +197,16 @@ def _rolled_forward(u, theta, gate_logits, mask, window_ids, kstar, lookup, tabl
     nearby = NearbyTables(tuple(tables), totals[0], totals[1], k)
     m, s, levels = nearby_moments(th, wid, table[bins].t().long(), nearby, temperature)
     moments = (m, s, _flat_index(wid, levels, k))
-    mean, var, correction = _block_outputs(u, wid, moments, gate_logits, mask, kstar, scalars[2:], kl_table, th.dtype)
-    return mean, var, levels, correction, bins
+    mean, var, correction = _block_outputs(u, wid, moments, gate_logits, mask, out[2], scalars[2:], kl_table, th.dtype)
+    return _written(u, out, (mean, var, levels, correction)), bins
 
 
-def _rolled_vjp(u, bins, theta, gate_logits, mask, window_ids, grad_mean, grad_var, table, tables, totals, scalars):
+def _rolled_vjp(
+    u, bins, theta, gate_logits, mask, window_ids, grad_mean, grad_var, table, tables, totals, scalars, grads
+):
     """Backward of a block wider than :data:`UNROLLED_MAX` in one kernel: sqs_core._nearby.nearby_vjp with the
-    gathers and ∂/∂s̃. Returns (the moments' part of ∂/∂s̃, ∂/∂θ, the (width, n) flat component indices (int64),
-    the windows (int64), the column gradients and the total gradients as float64)."""
+    gathers and ∂/∂s̃, ∂/∂s̃ and ∂/∂θ added into ``grads`` (:func:`_added`). Returns (the (width, n) flat component
+    indices (int64), the windows (int64), the column gradients and the total gradients as float64)."""
     temperature, tau, k, spike_var = scalars
     _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
     th, wid, gm = theta[u], window_ids[u].long(), grad_mean[u]
@@ -186,14 +214,15 @@ def _rolled_vjp(u, bins, theta, gate_logits, mask, window_ids, grad_mean, grad_v
     flat = table[bins].t().long()
     nearby = NearbyTables(tuple(tables), totals[0], totals[1], k)
     m, s, g_th, column_grads, total_grads = nearby_vjp(th, wid, flat, nearby, temperature, gm, gv, lam)
-    g_gate = gate_logit_grad(moments_dlam(gm, gv, m, s, lam, spike_var), lam, lam_raw, tau)
-    return g_gate, g_th, flat, wid, [g.double() for g in column_grads], [g.double() for g in total_grads]
+    _added(u, grads, gate_logit_grad(moments_dlam(gm, gv, m, s, lam, spike_var), lam, lam_raw, tau), g_th)
+    return flat, wid, [g.double() for g in column_grads], [g.double() for g in total_grads]
 
 
-def _lumped_backward(u, gate_logits, mask, window_ids, grad_mean, grad_var, tables, totals, scalars):
-    """Backward of weights in all-lumped bins in one kernel (sqs_core._nearby.lumped_vjp, in float64): (the
-    moments' part of ∂/∂s̃, their windows (int64), ∂/∂Σμ and, with ∂L/∂Var = ``grad_var``, ∂/∂Σ(μ² + σ²));
-    ∂/∂θ is 0. ``totals``: the (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None; ``scalars``: τ', K, σ_0²."""
+def _lumped_backward(u, gate_logits, mask, window_ids, grad_mean, grad_var, tables, totals, scalars, g_gate_all):
+    """Backward of weights in all-lumped bins in one kernel (sqs_core._nearby.lumped_vjp, in float64): the moments'
+    part of ∂/∂s̃ added into ``g_gate_all`` at ``u``; returns (their windows (int64), ∂/∂Σμ and, with ∂L/∂Var =
+    ``grad_var``, ∂/∂Σ(μ² + σ²)); ∂/∂θ is 0. ``totals``: the (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None;
+    ``scalars``: τ', K, σ_0²."""
     tau, k, spike_var = scalars
     _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
     wid, lam64 = window_ids[u].long(), lam.double()
@@ -201,8 +230,8 @@ def _lumped_backward(u, gate_logits, mask, window_ids, grad_mean, grad_var, tabl
     nearby = NearbyTables(tuple(tables), totals[0].double(), None if totals[1] is None else totals[1].double(), k)
     m, s, total_grads = lumped_vjp(wid, nearby, gm, gv, lam64)
     dlam = moments_dlam(gm, gv, m, s, lam64, spike_var)
-    g_gate = gate_logit_grad(dlam, lam64, lam_raw, tau).to(gate_logits.dtype)
-    return g_gate, wid, *total_grads
+    _added(u, (g_gate_all, None), gate_logit_grad(dlam, lam64, lam_raw, tau), None)
+    return wid, *total_grads
 
 
 UNROLLED_FUSION = {"max_fusion_size": 1 << 12}
@@ -237,11 +266,12 @@ def _full_eval(th, wid, means, log_stds, log_mix, spec, second):
     return m, s, best.to(torch.uint8)
 
 
-def nearby_block(u, width, inputs, lookup, nearby: NearbyTables, spec, kl_table):
+def nearby_block(u, width, inputs, lookup, nearby: NearbyTables, spec, kl_table, out):
     """:func:`_nearby_forward` (:func:`_lumped_forward` for ``width`` onehot.ALL_LUMPED) for one block whose bins
     take the (B, columns) components ``lookup[0]`` (``lookup``: that table and :func:`bin_scalars`), gathering
-    from the forward's ``nearby`` tables: (θ^avg, Var or None, k*, KL correction or None, bins or None)."""
-    theta, gate_logits, _, _, mask, window_ids, kstar = inputs
+    from the forward's ``nearby`` tables; θ^avg, Var and k* written into ``out`` (:func:`_written`). Returns (KL
+    correction or None, bins or None)."""
+    theta, gate_logits, _, _, mask, window_ids = inputs
     k = nearby.k
     tables, totals = list(nearby.columns), (nearby.total_mu, nearby.total_sq)
     lumped = float(k - lookup[0].shape[1])
@@ -252,24 +282,23 @@ def nearby_block(u, width, inputs, lookup, nearby: NearbyTables, spec, kl_table)
         k,
         _scalar(spec.spike_variance),
     )
-    args = (theta, gate_logits, mask, window_ids, kstar, lookup, tables, totals, scalars, kl_table)
+    args = (theta, gate_logits, mask, window_ids, lookup, tables, totals, scalars, kl_table, out)
     if width == ALL_LUMPED:
-        return *KERNELS["_lumped_forward"](u, *args), None
+        return KERNELS["_lumped_forward"](u, *args), None
     if width > UNROLLED_MAX:
         return KERNELS["_rolled_forward"](u, *args)
     return KERNELS["_nearby_forward"](u, *args)
 
 
-def full_block(u, inputs, log_mix, spec, second, kl_table):
-    """θ^avg, Var or None, k*, the gate-KL correction (or None) and None (no bins) of uncovered weights ``u``
-    on all K."""
-    theta, gate_logits, means, log_stds, mask, window_ids, kstar = inputs
+def full_block(u, inputs, log_mix, spec, second, kl_table, out):
+    """:func:`nearby_block` of uncovered weights ``u`` on all K (the writes eager): (KL correction or None, None)."""
+    theta, gate_logits, means, log_stds, mask, window_ids = inputs
     u, k = u.long(), means.shape[1]
     wid = window_ids.index_select(0, u).long()
     m, s, levels = _full_eval(theta.index_select(0, u), wid, means, log_stds, log_mix, spec, second)
     scalars, moments = (spec.gate_temperature, k, spec.spike_variance), (m, s, _flat_index(wid, levels, k))
-    mean, var, correction = _block_outputs(u, wid, moments, gate_logits, mask, kstar, scalars, kl_table, theta.dtype)
-    return mean, var, levels, correction, None
+    outputs = _block_outputs(u, wid, moments, gate_logits, mask, out[2], scalars, kl_table, theta.dtype)
+    return _written(u, out, (outputs[0], outputs[1], levels, outputs[2])), None
 
 
 def unpack_blocks(tensors, widths):
@@ -307,10 +336,9 @@ def lumped_gradients(g_gate, u, inputs, table_grads, spec):
     tables = table_grads.tables
     scalars = (_scalar(spec.gate_temperature), tables.k, _scalar(spec.spike_variance))
     totals = [tables.total_mu, tables.total_sq]
-    args = (gate_logits, mask, window_ids, grad_mean, grad_var, list(tables.columns), totals, scalars)
-    g_gate_u, wid, *total_grads = KERNELS["_lumped_backward"](u, *args)
+    args = (gate_logits, mask, window_ids, grad_mean, grad_var, list(tables.columns), totals, scalars, g_gate)
+    wid, *total_grads = KERNELS["_lumped_backward"](u, *args)
     table_grads.add_totals(wid, total_grads)
-    g_gate.index_add_(0, u, g_gate_u)
 
 
 def _nearby_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
@@ -327,12 +355,9 @@ def _nearby_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
     lumped = _scalar(float(tables.k - components.shape[0]))
     scalars = (lumped, _scalar(spec.temperature), tau, _scalar(spec.spike_variance))
     totals = [tables.total_mu, tables.total_sq]
-    args = (th, components, list(tables.columns), totals, wid, gm, gv, lam, lam_raw, scalars)
-    g_gate_u, g_th, *column_grads = KERNELS["_nearby_vjp"](*args)
+    args = (th, components, list(tables.columns), totals, wid, gm, gv, lam, lam_raw, scalars, u, (g_gate, g_theta))
+    column_grads = KERNELS["_nearby_vjp"](*args)
     table_grads.add(components, wid, column_grads[:3], column_grads[3:])
-    if g_theta is not None:
-        g_theta[u] = g_th.to(g_theta.dtype)  # index_copy_ takes int64 indices only
-    g_gate.index_add_(0, u, g_gate_u)
 
 
 def _rolled_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
@@ -341,9 +366,6 @@ def _rolled_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
     tables = table_grads.tables
     totals = [tables.total_mu, tables.total_sq]
     scalars = (_scalar(spec.temperature), _scalar(spec.gate_temperature), tables.k, _scalar(spec.spike_variance))
-    args = (u, bins, *inputs, table, list(tables.columns), totals, scalars)
-    g_gate_u, g_th, flat, wid, column_grads, total_grads = KERNELS["_rolled_vjp"](*args)
+    args = (u, bins, *inputs, table, list(tables.columns), totals, scalars, (g_gate, g_theta))
+    flat, wid, column_grads, total_grads = KERNELS["_rolled_vjp"](*args)
     table_grads.add(flat, wid, column_grads, total_grads)
-    if g_theta is not None:
-        g_theta[u] = g_th.to(g_theta.dtype)  # index_copy_ takes int64 indices only
-    g_gate.index_add_(0, u, g_gate_u.to(g_gate.dtype))

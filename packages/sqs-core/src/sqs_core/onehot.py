@@ -300,21 +300,33 @@ def uncovered_blocks(
     classes: torch.Tensor, table: BinTable, k: int, block_elements: int, index_dtype: torch.dtype = torch.int64
 ) -> Iterator[tuple[torch.Tensor, int]]:
     """(indices, class) of the weights :func:`classify` did not certify, in non-empty blocks of
-    ``block_elements`` // :func:`columns_of` (all K: class 0, ``block_elements`` // K): one ``nonzero`` over all
-    weights, then one over the uncovered per class that some bin has (the indices as ``index_select``: one pass,
-    not two), each by :func:`flat_indices` with ``index_dtype``."""
+    ``block_elements`` // :func:`columns_of` (all K: class 0, ``block_elements`` // K), the classes in the order
+    of ``table.lumpable`` then 0, each class's indices ascending: one ``nonzero`` over all weights
+    (:func:`flat_indices` with ``index_dtype``), then one stable sort of the uncovered weights' classes, which
+    cuts them into classes at once. Against a ``nonzero`` per class over the uncovered (session 39's code), on
+    the 3.7M uncovered weights of five classes of the 4096² layer's step-300 state: 35 against 52 ms (Intel
+    Xeon, 2 threads)."""
     uncovered = flat_indices(classes, index_dtype, test=partial(torch.ne, other=CERTIFIED))
     groups = [(uncovered, 0)]
     if uncovered.numel() and table.any_lumpable:
-        widths = classes.index_select(0, uncovered)
-        groups = [
-            (uncovered.index_select(0, flat_indices(widths, index_dtype, test=partial(torch.eq, other=w))), w)
-            for w in (*table.lumpable, 0)
-        ]
+        grouped, spans = _grouped_by_class(uncovered, classes.index_select(0, uncovered))
+        order = (*table.lumpable, 0)
+        if not set(spans) <= set(order):  # a class no bin has: classes and table do not belong together
+            raise RuntimeError(f"uncovered weights of classes {sorted(set(spans) - set(order))} outside {order}")
+        groups = [(grouped[spans[w][0] : sum(spans[w])], w) for w in order if w in spans]
     for indices, width in groups:
         for block in torch.split(indices, max(1, block_elements // (columns_of(width) or k))):
             if block.numel():
                 yield block, width
+
+
+def _grouped_by_class(indices, index_classes):
+    """(``indices`` reordered by class, ascending within each class (a stable sort), {class: (first position,
+    count)} of the classes present)."""
+    ordered_classes, order = torch.sort(index_classes, stable=True)
+    values, counts = (t.tolist() for t in torch.unique_consecutive(ordered_classes, return_counts=True))
+    firsts = [sum(counts[:i]) for i in range(len(counts))]
+    return indices.index_select(0, order), dict(zip(values, zip(firsts, counts, strict=True), strict=True))
 
 
 def flat_indices(
