@@ -16,7 +16,7 @@ from sqs_core import _fused, chunked
 from sqs_core.onehot import ALL_LUMPED, NEARBY_WIDTHS
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
-from uncovered import evaluated_components, log_densities64, uncovered_counts, uncovered_mask
+from uncovered import evaluated_components, log_densities64, settled_count, uncovered_counts, uncovered_mask
 
 # inductor's own use of torch.jit.script_method, not ours (its numpy warning: pyproject.toml)
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
@@ -145,6 +145,7 @@ def test_compiled_matches_eager_on_bins_of_every_nearby_width(monkeypatch, secon
     counts = uncovered_counts(compiled)
     kinds = NEARBY_WIDTHS if widen > 0 else (4, ALL_LUMPED)
     assert all(counts.get(width, 0) > (10 if widen > 0 else 500) for width in kinds), counts
+    assert widen > 0 or settled_count(compiled) > 100  # compiled: settled all-lumped weights with the certified
     want = _values_and_grads(eager, second)
     before = {name: kernel.calls for name, kernel in _fused.KERNELS.items()}
     got = _values_and_grads(compiled, second)
@@ -160,7 +161,7 @@ def test_compiled_matches_eager_where_every_component_is_lumped_at_small_k(small
     component is lumped (onehot.ALL_LUMPED, φ = 1/K) or on all K; both paths agree, k* included."""
     eager, compiled = _eager_and_compiled(3, -3.0)
     counts = uncovered_counts(compiled)
-    assert counts[ALL_LUMPED] > 1000 and counts[0] > 100, counts
+    assert counts[ALL_LUMPED] > 1000 and counts[0] > 100 and settled_count(compiled) > 500, counts
     _assert_paths_agree(_values_and_grads(eager, second), _values_and_grads(compiled, second))
 
 
@@ -316,7 +317,8 @@ def test_pruned_weights_are_not_evaluated(monkeypatch, small_chunks, compiled):
     """The mixture evaluates exactly the uncovered weights the mask keeps (onehot.classify's keep), on both paths:
     a pruned weight's λ̃ is 0, so its θ^avg, Var and gradients do not depend on φ (the values and gradients
     against autograd: test_posterior, test_compiled_values_and_gradients_match_eager, both with every fifth
-    weight pruned)."""
+    weight pruned). The compiled path leaves out the weights of settled all-lumped bins (onehot.LUMPED_SETTLED)
+    too: its certified kernels evaluate them."""
     p = _posterior(CASES["paper-K20-outlier-gaussian-trained-theta"][0], compiled)
     with torch.no_grad():
         p.log_stds.fill_(-9.0)  # narrow: most weights uncovered
@@ -331,8 +333,9 @@ def test_pruned_weights_are_not_evaluated(monkeypatch, small_chunks, compiled):
 
     monkeypatch.setattr(module, "uncovered_blocks", spy)
     p.moments(second=True)
-    kept, uncovered = p.mask.reshape(-1), uncovered_mask(p)
+    kept, uncovered = p.mask.reshape(-1), uncovered_mask(p, settled_inline=compiled)
     assert offset[0] == kept.numel()
+    assert settled_count(p) > 10
     assert int((uncovered & ~kept).sum()) > 20 and int((uncovered & kept).sum()) > 100
     seen = torch.zeros_like(kept)
     seen[torch.cat(evaluated)] = True

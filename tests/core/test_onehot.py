@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import uncovered
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from sqs_core import _nearby, chunked, onehot
+from sqs_core import _indices, _nearby, chunked, onehot
 from sqs_core.mixture import component_log_density, log_responsibilities
 from sqs_core.onehot import (
     ALL_LUMPED,
@@ -213,7 +213,7 @@ def test_flat_indices_are_nonzero_across_chunks(bits, chunk, dtype):
     """flat_indices finds mask.nonzero() chunk by chunk (here chunks of 1–70 entries, so that a mask spans
     several, ends inside one, or is empty) and returns them as the dtype asked for."""
     mask = torch.tensor(bits, dtype=torch.bool)
-    with mock.patch.object(onehot, "INDEX_CHUNK", chunk):
+    with mock.patch.object(_indices, "INDEX_CHUNK", chunk):
         got = flat_indices(mask, dtype)
     assert got.dtype == dtype
     assert torch.equal(got.long(), mask.nonzero().squeeze(1))
@@ -227,43 +227,46 @@ def test_flat_indices_are_nonzero_across_chunks(bits, chunk, dtype):
 def test_flat_indices_with_a_test_match_the_full_mask(values, chunk, target):
     """flat_indices(values, test=...) applies the test part by part and finds what the full mask's nonzero finds."""
     tensor = torch.tensor(values, dtype=torch.uint8)
-    with mock.patch.object(onehot, "INDEX_CHUNK", chunk):
+    with mock.patch.object(_indices, "INDEX_CHUNK", chunk):
         got = flat_indices(tensor, torch.int32, test=partial(torch.ne, other=target))
     assert torch.equal(got.long(), (tensor != target).nonzero().squeeze(1))
 
 
-_CLASSES = [onehot.CERTIFIED, 0, ALL_LUMPED, *NEARBY_WIDTHS]
+_CLASSES = [onehot.CERTIFIED, 0, ALL_LUMPED, onehot.LUMPED_SETTLED, *NEARBY_WIDTHS]
+_LUMPABLE = [ALL_LUMPED, onehot.LUMPED_SETTLED, *NEARBY_WIDTHS]  # BinTable.lumpable's order
 
 
 @given(
     classes=st.lists(st.sampled_from(_CLASSES), max_size=300),
     block=st.integers(1, 200),
     k=st.integers(2, 64),
-    lumpable=st.lists(st.sampled_from([ALL_LUMPED, *NEARBY_WIDTHS]), unique=True).map(sorted),
+    lumpable=st.lists(st.sampled_from(_LUMPABLE), unique=True).map(lambda ws: sorted(ws, key=_LUMPABLE.index)),
+    settled_inline=st.booleans(),
 )
-def test_uncovered_blocks_cut_every_uncovered_weight_into_its_class(classes, block, k, lumpable):
-    """uncovered_blocks yields each weight that is not CERTIFIED exactly once, in blocks of one class: the table's
-    lumpable classes in its order, then 0, each class's indices ascending, no block wider than the block budget
-    allows; a class outside them is refused rather than dropped."""
+def test_uncovered_blocks_cut_every_uncovered_weight_into_its_class(classes, block, k, lumpable, settled_inline):
+    """uncovered_blocks yields each weight that is not CERTIFIED (nor, with ``settled_inline``, LUMPED_SETTLED)
+    exactly once, in blocks of one class: the table's lumpable classes in its order, then 0, each class's indices
+    ascending, LUMPED_SETTLED ones as ALL_LUMPED blocks, no block wider than the block budget allows; a class
+    outside them is refused rather than dropped."""
     lumpable = tuple(lumpable)
     table = mock.Mock(lumpable=lumpable, any_lumpable=bool(lumpable))
     values = torch.tensor(classes, dtype=torch.uint8)
-    uncovered_classes = {c for c in classes if c != onehot.CERTIFIED}
-    allowed = set(lumpable) | {0} if lumpable else set(_CLASSES)
-    if lumpable and not uncovered_classes <= allowed:
+    last = onehot.LUMPED_SETTLED if settled_inline else onehot.CERTIFIED
+    order = [*(w for w in lumpable if w < last), 0]
+    blocks_of = partial(onehot.uncovered_blocks, values, table, k, block, torch.int32, settled_inline=settled_inline)
+    if lumpable and not {c for c in classes if c < last} <= set(order):
         with pytest.raises(RuntimeError, match="outside"):
-            list(onehot.uncovered_blocks(values, table, k, block, torch.int32))
+            list(blocks_of())
         return
-    blocks = list(onehot.uncovered_blocks(values, table, k, block, torch.int32))
+    blocks = list(blocks_of())
     got = torch.cat([u for u, _ in blocks]).long() if blocks else torch.zeros(0, dtype=torch.long)
     width_of = [w for u, w in blocks for _ in range(u.numel())]
-    order = [*lumpable, 0]
     if lumpable:  # grouped by class, in the table's order, ascending within a class
         want = [i for w in order for i, c in enumerate(classes) if c == w]
         assert got.tolist() == want
-        assert width_of == [classes[i] for i in want]
+        assert width_of == [ALL_LUMPED if classes[i] == onehot.LUMPED_SETTLED else classes[i] for i in want]
     else:  # one group, whatever the classes
-        assert got.tolist() == [i for i, c in enumerate(classes) if c != onehot.CERTIFIED]
+        assert got.tolist() == [i for i, c in enumerate(classes) if c < last]
         assert set(width_of) <= {0}
     for u, w in blocks:
         assert 0 < u.numel() <= max(1, block // (onehot.columns_of(w) or k))

@@ -9,14 +9,16 @@ from sqs_core import chunked
 from sqs_core.onehot import bin_components, bin_table, classify, columns_of, uncovered_blocks
 
 
-def _blocks(p):
-    """(flat θ, BinTable, [(indices, width)]) at the posterior ``p``'s current parameters."""
+def _blocks(p, settled_inline=False):
+    """(flat θ, BinTable, [(indices, width)]) at the posterior ``p``'s current parameters (``settled_inline``: without
+    the weights of settled all-lumped bins, as the compiled step finds them)."""
     theta, wid = p.weight.detach().reshape(-1), p.window_ids.reshape(-1)
     log_mix = F.log_softmax(p.mixing_logits.detach(), -1)
     args = (p.means.detach(), p.log_stds.detach(), log_mix, p.config.responsibility, p.config.temperature)
     table = bin_table(theta, wid, *args)
     classes = classify(theta, wid, table)[2]
-    return theta, table, list(uncovered_blocks(classes, table, p.num_components, chunked.CHUNK_ELEMENTS))
+    blocks = uncovered_blocks(classes, table, p.num_components, chunked.CHUNK_ELEMENTS, settled_inline=settled_inline)
+    return theta, table, list(blocks)
 
 
 def uncovered_counts(p) -> Counter:
@@ -28,13 +30,19 @@ def uncovered_counts(p) -> Counter:
     return counts
 
 
-def uncovered_mask(p) -> torch.Tensor:
-    """(T,) bool: the weights the certificate does not cover, pruned or not."""
-    theta, _, blocks = _blocks(p)
+def uncovered_mask(p, settled_inline=False) -> torch.Tensor:
+    """(T,) bool: the weights the certificate does not cover, pruned or not (``settled_inline``: nor a settled bin)."""
+    theta, _, blocks = _blocks(p, settled_inline)
     out = torch.zeros(theta.numel(), dtype=torch.bool)
     for u, _ in blocks:
         out[u] = True
     return out
+
+
+def settled_count(p) -> int:
+    """How many weights lie in settled all-lumped bins (onehot.LUMPED_SETTLED), which only the eager path evaluates
+    as blocks (the compiled one with the certified weights)."""
+    return int((uncovered_mask(p) & ~uncovered_mask(p, settled_inline=True)).sum())
 
 
 def evaluated_components(p) -> torch.Tensor:

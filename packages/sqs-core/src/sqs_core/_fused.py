@@ -44,6 +44,7 @@ from ._fused_uncovered import bin_scalars, block_gradients, full_block, lumped_g
 from ._gate_terms import GATE_FLOOR, _gate_probs, _variance, check_first_order, gate_logit_grad, kl_accumulator, kl_grad
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients
+from ._settled import fold_settled, level_tables
 from .chunked import _chunk_ranges, _flat_index, chunk_elements
 from .mixture import bernoulli_kl_terms, exp_floor, flush_subnormals
 from .onehot import ALL_LUMPED, CERTIFIED, _bin_bounds, bin_of, bin_table, columns_of, uncovered_blocks
@@ -89,15 +90,21 @@ def _moments_second(
     kl_table,
     log_keep,
     log_drop,
-    log_stds,
+    spreads,
     spike_var,
 ):
-    """(θ^avg, Var_q = λ̃ (μ² + σ²) − (λ̃ μ)² + (1 − λ̃) σ_0², k*, class, gate KL or None) at k*
-    (flat ``log_stds``), as :func:`_moments_first`."""
+    """(θ^avg, Var_q = λ̃ s − (λ̃ m)² + (1 − λ̃) σ_0², k*, class, gate KL or None) at k*, as :func:`_moments_first`:
+    s = μ² + σ² (``spreads``: sqs_core._settled.level_tables' second table), or a settled weight's window's s."""
     kstar, m, classes = _certify(theta, window_ids, mask, table)
     lam, kl = _gate_and_kl(gate_logits, mask, window_ids, kstar, tau, k, kl_table, log_keep, log_drop)
-    s = m * m + torch.exp(2 * log_stds[_flat_index(window_ids, kstar, k)])
+    settled = _settled(classes.int())
+    s = m * m * (1 - settled) + spreads[_flat_index(window_ids, kstar, k) + settled * (spreads.shape[0] // 2)]
     return flush_subnormals(lam * m), flush_subnormals(_variance(lam, m, s, spike_var)), kstar, classes, kl
+
+
+def _settled(classes):
+    """1 where the (int32) class is onehot.LUMPED_SETTLED (254), else 0, by arithmetic (see :func:`_uint8`)."""
+    return ((classes + 2) >> 8) - ((classes + 1) >> 8)
 
 
 def _gate_and_kl(gate_logits, mask, window_ids, kstar, tau, k, kl_table, log_keep, log_drop):
@@ -117,7 +124,7 @@ def _one_hot_backward(
     kstar,
     classes,
     means,
-    log_stds,
+    spreads,
     grad_mean,
     grad_var,
     tau,
@@ -131,30 +138,33 @@ def _one_hot_backward(
 ):
     """One chunk of weights' gradients, as chunked._one_hot_grads and the ∂/∂s̃ of _PosteriorMoments.backward
     compute them, written in place (nothing is returned): ∂/∂s̃ into ``out_gate`` (the chunk's slice of the
-    s̃ gradient; the moments' part of weights that are not certified is left out: the caller adds it), and
-    into ``workspace`` (:func:`_one_hot_workspace`, the chunk's size) the flat index w·K + k* (int64),
-    ∂/∂μ_{k*} (float64), ∂/∂log σ_{k*} (float64; None without Var) and λ̃ (float64; None without KL).
+    s̃ gradient; the moments' part of weights that are neither certified nor settled is left out: the caller adds
+    it), and into ``workspace`` (:func:`_one_hot_workspace`, the chunk's size) the entry w·K + k* + W·K·settled of
+    sqs_core._settled.level_tables (``means``, ``spreads``; int64), ∂/∂μ_{k*} (settled: ∂L/∂m) (float64),
+    ∂/∂log σ_{k*} (settled: ∂L/∂s) (float64; None without Var) and λ̃ (float64; None without KL).
     ``grad_var`` None: the plug-in (no Var). ``kl_table`` (flat component KLs): the gate KL's gradients with
     incoming ``grad_kl`` are included, as _gate_kl_backward's; ``prior_logit`` None: no Bernoulli term."""
     scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
-    flat = _flat_index(window_ids, kstar, k, torch.int64)
-    m = means[flat]
+    flat = _flat_index(window_ids, kstar, k)
     certified = (classes.int() + 1) >> 8  # 1 where classes == CERTIFIED (255), else 0: arithmetic, see _uint8
-    on = lam * certified
+    settled = _settled(classes.int())
+    entry = (flat + settled * (means.shape[0] // 2)).to(torch.int64)
+    m = means[entry]
+    on = lam * (certified + settled)
     dm = grad_mean * on
     d_log_std = None
     dlam = grad_mean * m
     if grad_var is not None:
-        var = torch.exp(2 * log_stds[flat])
+        spread = spreads[entry]
         gv = grad_var * on
-        dm = dm + 2 * gv * m * (1 - lam)
-        d_log_std = 2 * gv * var
-        dlam = dlam + grad_var * (m * m + var - 2 * lam * m * m - spike_var)
-    dlam = dlam * certified
+        dm = dm + 2 * gv * m * (1 - settled - lam)  # certified: G_m + 2 μ G_s; settled: G_m
+        d_log_std = gv * (2 * spread * (1 - settled) + settled)  # certified: 2 σ² G_s; settled: G_s
+        dlam = dlam + grad_var * (m * m * (1 - settled) + spread - 2 * lam * m * m - spike_var)
+    dlam = dlam * (certified + settled)
     if kl_table is not None:
         dlam = dlam + grad_kl * _dkl_dlam(scaled, kl_table[flat], prior_logit)
     out_flat, out_mean, out_log_std, out_lam = workspace
-    out_flat.copy_(flat)
+    out_flat.copy_(entry)
     out_mean.copy_(dm)
     if d_log_std is not None:
         out_log_std.copy_(d_log_std)
@@ -218,14 +228,15 @@ KERNELS = {
 KERNELS.update(UNCOVERED_KERNELS)
 
 
-def _certified_moments(theta, gate_logits, mask, window_ids, log_stds, table, spec, second, component_kl):
+def _certified_moments(theta, gate_logits, mask, window_ids, params, table, spec, second, component_kl):
     """(θ^avg, Var or empty, k*, class (onehot.classify), gate KL or None) of every weight as if its φ were
-    one-hot at the certificate's k* (right for the certified weights; the caller corrects the others)."""
+    one-hot at the certificate's k* (right for the certified and settled weights; the caller corrects the others).
+    ``params``: the (W, K) means and log σ."""
     bins = (table.mean_radius, table.codes, *bin_scalars(table, theta.dtype))
     kl = (None, None, None) if component_kl is None else (component_kl.reshape(-1), *_prior_logs(spec.prior_keep))
-    args = (bins, _scalar(spec.gate_temperature), log_stds.shape[1], *kl)
+    args = (bins, _scalar(spec.gate_temperature), params[0].shape[1], *kl)
     if second:
-        args = (*args, log_stds.detach().reshape(-1), _scalar(spec.spike_variance))
+        args = (*args, level_tables(params[0], params[1], True)[1], _scalar(spec.spike_variance))
         mean, var, kstar, classes, total = KERNELS["_moments_second"](theta, gate_logits, mask, window_ids, *args)
     else:
         mean, kstar, classes, total = KERNELS["_moments_first"](theta, gate_logits, mask, window_ids, *args)
@@ -244,12 +255,15 @@ def _prior_logit(prior_keep):
 
 
 def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar, classes, means, log_stds, *rest):
-    """Accumulate the certified weights' gradients into ``param_grads`` (float64, as chunked does) and, with
-    ``g_comp``, every weight's λ̃ into it (the gate KL's); return ∂/∂s̃ of every weight, without the moments'
-    part for the uncovered ones, chunk by chunk (float64 temporaries stay small)."""
+    """Accumulate the certified and settled weights' gradients into ``param_grads`` (float64, as chunked does; the
+    settled ones' per window, sqs_core._settled.fold_settled) and, with ``g_comp``, every weight's λ̃ into it (the
+    gate KL's); return ∂/∂s̃ of every weight, without the moments' part for the uncovered ones, chunk by chunk
+    (float64 temporaries stay small)."""
     component_kl, gm, gv, grad_kl, spec = rest
     g_gate = torch.empty_like(gate_logits)
-    consts = (means.detach().reshape(-1), log_stds.detach().reshape(-1))
+    consts = level_tables(means, log_stds, gv is not None)
+    used = (param_grads[0], param_grads[1] if gv is not None else None, g_comp)  # ∂/∂log σ: through Var only
+    halves = [None if acc is None else acc.new_zeros(2 * acc.numel()) for acc in used]
     scalars = (_scalar(spec.gate_temperature), means.shape[1], _scalar(spec.spike_variance))
     kl = (None, None, None)
     if g_comp is not None:
@@ -262,8 +276,9 @@ def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar
         outputs = (g_gate[a:b], workspace)
         KERNELS["_one_hot_backward"](*chunk, (gv[a:b] if gv is not None else None), *scalars, *kl, *outputs)
         flat, *sources = workspace
-        sums = zip((param_grads[0], param_grads[1], g_comp), sources, strict=True)
-        index_add_all([(acc, flat, source) for acc, source in sums if source is not None])
+        sums = zip(halves, sources, strict=True)
+        index_add_all([(acc, flat, source) for acc, source in sums if acc is not None and source is not None])
+    fold_settled((*param_grads[:2], g_comp), halves, means, log_stds)
     return g_gate
 
 
@@ -291,10 +306,12 @@ class FusedPosteriorMoments(torch.autograd.Function):
         args = (theta, window_ids, means, log_stds, log_mix, spec.kind, spec.temperature, ranges)
         table = bin_table(*args, bounds=KERNELS["_bin_bounds"])
         mean, var, kstar, classes, kl = _certified_moments(
-            theta, gate_logits, mask, window_ids, log_stds, table, spec, second, component_kl
+            theta, gate_logits, mask, window_ids, (means, log_stds), table, spec, second, component_kl
         )
-        # int32 indices: they are saved for backward
-        blocks = list(uncovered_blocks(classes, table, means.shape[1], chunk_elements(theta.device), torch.int32))
+        # int32 indices: they are saved for backward; settled weights were evaluated with the certified ones
+        block_elements = chunk_elements(theta.device)
+        found = uncovered_blocks(classes, table, means.shape[1], block_elements, torch.int32, settled_inline=True)
+        blocks = list(found)
         inputs = (theta, gate_logits, means, log_stds, mask, window_ids)
         kl_table = None if component_kl is None else component_kl.detach().reshape(-1)
         scalars, saved_blocks = bin_scalars(table, theta.dtype), []

@@ -23,18 +23,25 @@ weight is *certified* one-hot with O(1) work, from a bound rather than a heurist
    in the extreme d = 1, σ = 1e-5, so dropped gradient terms stay below e^{-9} of the kept one.
 
 Weights that are not certified (ties between two components, weights far from every component under
-the paper's formula, large τ) take the full K-component path in :mod:`sqs_core.chunked`.
+the paper's formula, large τ) take their bin's nearby components or the full K-component path in
+:mod:`sqs_core.chunked`. Under the paper's formula a bin where every component is lumped (:data:`ALL_LUMPED`:
+φ = 1/K exactly) and one component has the largest log π N at every θ of the bin (sqs_core._settled) is
+*settled* (:data:`LUMPED_SETTLED`): its weights' m = Σ_k μ_k / K and k* are the bin's, which the compiled step
+evaluates with the certified weights (a quarter of a trained 4096² layer's kept weights, late in training).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
+from ._indices import flat_indices, grouped_by_class
+from ._nearby import nearby_tables
+from ._settled import settled_columns
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
 
 __all__ = [
@@ -42,6 +49,7 @@ __all__ = [
     "CERTIFIED",
     "CERTIFY_MARGIN",
     "LUMPED_SCAN",
+    "LUMPED_SETTLED",
     "NEARBY",
     "NEARBY_WIDTHS",
     "BinTable",
@@ -68,7 +76,7 @@ NARROW = 16  # every bin's table holds its NARROW + 1 largest bounds; only the b
 CERTIFIED = 255  # the class (:func:`classify`) of a certified weight
 ALL_LUMPED = 1  # the class of a weight in a bin where every component is lumped (paper formula): φ = 1/K exactly
 LUMPED_SCAN = NEARBY_WIDTHS[0]  # an ALL_LUMPED weight's k*: the argmax of log π N over its bin's first columns
-INDEX_CHUNK = 1 << 20  # entries of a bool mask per nonzero call in flat_indices
+LUMPED_SETTLED = 254  # the class of a weight in an all-lumped bin whose k* is one component throughout (_settled)
 
 
 def lump_log_density(dtype: torch.dtype) -> float:
@@ -93,14 +101,15 @@ class BinTable:
     low: float  # left edge of bin 0 (the smallest weight)
     inv_width: float  # bins per unit of θ
     owner: torch.Tensor  # (B,) uint8 window id, 255 for no owner
-    best: torch.Tensor  # (B,) uint8 component j_b within the owner's K
-    mean_radius: torch.Tensor  # (2, B): μ_{j_b}, and the radius |θ − μ_{j_b}| ≤ radius that certifies (−1: none)
+    best: torch.Tensor  # (B,) uint8 component j_b within the owner's K (LUMPED_SETTLED bins: their k*)
+    mean_radius: torch.Tensor  # (2, B): μ_{j_b} (LUMPED_SETTLED: Σ_k μ_k / K), and the radius |θ − μ_{j_b}| ≤ radius
+    # that certifies (−1: none)
     several_windows: bool  # whether a weight's window must be checked against the bin's owner
     nearby: torch.Tensor  # (B, table_columns(K)) int32 flat indices w·K + k of the bin's largest Q_bk, largest first
     near_width: torch.Tensor  # (B,) uint8: the fewest leading ``nearby`` columns (one of NEARBY_WIDTHS) outside
     # which every component has Q_bk ≤ lump_log_density (paper formula), 0 where even NEARBY leave some out,
-    # ALL_LUMPED where every component does
-    lumpable: tuple[int, ...]  # the classes ALL_LUMPED and NEARBY_WIDTHS that some bin's near_width holds
+    # ALL_LUMPED where every component does, LUMPED_SETTLED where moreover one component is k* throughout
+    lumpable: tuple[int, ...]  # the classes ALL_LUMPED, LUMPED_SETTLED and NEARBY_WIDTHS some bin's near_width holds
     codes: torch.Tensor  # (B,) int32 best | near_width << 8 | owner << 16: the compiled certificate's one lookup
 
     @property
@@ -142,14 +151,38 @@ def bin_table(
     radius = torch.exp(log_std_j) * torch.sqrt(2 * slack.clamp(min=0))
     radius = torch.where((slack >= 0) & (owner >= 0), radius, torch.full_like(radius, -1.0))
     mean_radius = torch.stack([means[row, j], radius])  # rows: contiguous, as the gathers of classify want
-    owner_u8, best_u8 = owner.to(torch.uint8), j.to(torch.uint8)
     near_width = _near_widths(top.values, owner, kind, k, means.dtype)
     nearby = _nearby_table(top.indices, bound_rows, near_width, owner, kind, k, means.dtype)
+    j = j.clone()  # a view of top.indices
+    _settle(near_width, j, mean_radius, nearby, (left, right), (means, log_stds, log_mixing, row))
+    owner_u8, best_u8 = owner.to(torch.uint8), j.to(torch.uint8)
     present = set(torch.unique(near_width).tolist())  # B entries; on a GPU one wait, where a class's nonzero is one
-    lumpable = tuple(w for w in (ALL_LUMPED, *NEARBY_WIDTHS) if w in present)
+    lumpable = tuple(w for w in (ALL_LUMPED, LUMPED_SETTLED, *NEARBY_WIDTHS) if w in present)
     codes = best_u8.int() | (near_width.int() << 8) | (owner_u8.int() << 16)
     several = num_windows > 1
     return BinTable(lo, 1.0 / width, owner_u8, best_u8, mean_radius, several, nearby, near_width, lumpable, codes)
+
+
+def _settle(near_width, best, mean_radius, nearby, edges, params):
+    """In place: the all-lumped bins whose k* is one component throughout (sqs_core._settled) take the class
+    :data:`LUMPED_SETTLED` in ``near_width``, that component as ``best`` and their window's Σ_k μ_k / K (the m of
+    every all-lumped weight, sqs_core._nearby.lumped_moments) as ``mean_radius``'s mean, and radius −1: certify none.
+    ``edges``: the bins' padded (left, right); ``params``: (W, K) μ, log σ, log π and each bin's window row."""
+    lumped = flat_indices(near_width == ALL_LUMPED)
+    if not lumped.numel():
+        return
+    means, log_stds, log_mix, row = params
+    scan = nearby.index_select(0, lumped)[:, :LUMPED_SCAN].long()
+    low, high = (e.index_select(0, lumped).double() for e in edges)
+    column = settled_columns(scan, nearby_tables(means, log_stds, log_mix), low, high, means.dtype)
+    bins = lumped[column >= 0]
+    if not bins.numel():
+        return
+    rows, k = row.index_select(0, bins), means.shape[1]
+    near_width[bins] = LUMPED_SETTLED
+    best[bins] = column[column >= 0] - rows * k
+    mean_radius[0, bins] = (means.sum(-1) / k).index_select(0, rows)
+    mean_radius[1, bins] = -1.0  # the radius was μ_{j_b}'s (no weight of a lumped bin is near it), not the mean's
 
 
 def _near_widths(top_values, owner, kind, k, dtype):
@@ -297,7 +330,13 @@ def classify(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTable, kee
 
 
 def uncovered_blocks(
-    classes: torch.Tensor, table: BinTable, k: int, block_elements: int, index_dtype: torch.dtype = torch.int64
+    classes: torch.Tensor,
+    table: BinTable,
+    k: int,
+    block_elements: int,
+    index_dtype: torch.dtype = torch.int64,
+    *,
+    settled_inline: bool = False,
 ) -> Iterator[tuple[torch.Tensor, int]]:
     """(indices, class) of the weights :func:`classify` did not certify, in non-empty blocks of
     ``block_elements`` // :func:`columns_of` (all K: class 0, ``block_elements`` // K), the classes in the order
@@ -305,51 +344,21 @@ def uncovered_blocks(
     (:func:`flat_indices` with ``index_dtype``), then one stable sort of the uncovered weights' classes, which
     cuts them into classes at once. Against a ``nonzero`` per class over the uncovered (session 39's code), on
     the 3.7M uncovered weights of five classes of the 4096² layer's step-300 state: 35 against 52 ms (Intel
-    Xeon, 2 threads)."""
-    uncovered = flat_indices(classes, index_dtype, test=partial(torch.ne, other=CERTIFIED))
+    Xeon, 2 threads). Weights of class :data:`LUMPED_SETTLED` come as ALL_LUMPED blocks, or with ``settled_inline``
+    (the compiled step, which evaluates them with the certified ones) not at all."""
+    last = LUMPED_SETTLED if settled_inline else CERTIFIED
+    uncovered = flat_indices(classes, index_dtype, test=partial(torch.lt, other=last))
     groups = [(uncovered, 0)]
     if uncovered.numel() and table.any_lumpable:
-        grouped, spans = _grouped_by_class(uncovered, classes.index_select(0, uncovered))
-        order = (*table.lumpable, 0)
+        grouped, spans = grouped_by_class(uncovered, classes.index_select(0, uncovered))
+        order = (*(w for w in table.lumpable if w < last), 0)
         if not set(spans) <= set(order):  # a class no bin has: classes and table do not belong together
             raise RuntimeError(f"uncovered weights of classes {sorted(set(spans) - set(order))} outside {order}")
         groups = [(grouped[spans[w][0] : sum(spans[w])], w) for w in order if w in spans]
-    for indices, width in groups:
+    for indices, width in ((i, ALL_LUMPED if w == LUMPED_SETTLED else w) for i, w in groups):
         for block in torch.split(indices, max(1, block_elements // (columns_of(width) or k))):
             if block.numel():
                 yield block, width
-
-
-def _grouped_by_class(indices, index_classes):
-    """(``indices`` reordered by class, ascending within each class (a stable sort), {class: (first position,
-    count)} of the classes present)."""
-    ordered_classes, order = torch.sort(index_classes, stable=True)
-    values, counts = (t.tolist() for t in torch.unique_consecutive(ordered_classes, return_counts=True))
-    firsts = [sum(counts[:i]) for i in range(len(counts))]
-    return indices.index_select(0, order), dict(zip(values, zip(firsts, counts, strict=True), strict=True))
-
-
-def flat_indices(
-    values: torch.Tensor,
-    dtype: torch.dtype = torch.int64,
-    *,
-    test: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """The indices of the true entries of a flat bool mask, as ``mask.nonzero()`` but as ``dtype`` (int64 past
-    2³¹ − 1 entries), found INDEX_CHUNK entries at a time, so that asking for int32 makes no int64 index of
-    all of them on the way. int32 is for indices kept a while (a compiled training step keeps its uncovered
-    weights' from forward to backward: 4 bytes each, not 8); eager indexing with int32 is 10–50% slower.
-    ``values`` is the mask itself, or with ``test`` any flat tensor whose mask ``test(part)`` gives for each
-    INDEX_CHUNK part, so that no bool tensor of all entries is made (a T-sized one is fresh memory, mapped
-    and zeroed, every step). On an accelerator, one ``nonzero`` (each waits for the device; its allocator
-    reuses the memory)."""
-    if values.numel() > torch.iinfo(torch.int32).max:
-        dtype = torch.int64
-    chunk = INDEX_CHUNK if values.device.type == "cpu" else max(values.numel(), 1)
-    starts = range(0, max(values.numel(), 1), chunk)  # an empty tensor: one empty part
-    select = (lambda part: part) if test is None else test
-    parts = [select(values[a : a + chunk]).nonzero().squeeze(1).to(dtype).add_(a) for a in starts]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def bin_components(table: BinTable, theta: torch.Tensor, width: int) -> torch.Tensor:
