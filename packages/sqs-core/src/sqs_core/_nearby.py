@@ -46,6 +46,7 @@ from .mixture import HALF_LOG_2PI, PAPER_CLAMP, exp_floor
 __all__ = [
     "NearbyTables",
     "TableGradients",
+    "add_total_grads",
     "cotangents",
     "exp_floor",
     "level_sq_totals",
@@ -265,15 +266,22 @@ class TableGradients:
             return
         means, log_stds, mixing_logits = (t.detach().double() for t in self.leaves)
         g_mu, g_inv, g_const = (c.view(means.shape) for c in self.columns)
-        g_means = g_mu + self.totals[0][:, None]
+        g_means = g_mu.clone()
         g_log_stds = -(g_inv * torch.exp(-log_stds)) - g_const
-        if self.second:
-            g_sq = self.totals[1][:, None]
-            g_means += 2 * means * g_sq
-            g_log_stds += 2 * torch.exp(2 * log_stds) * g_sq
+        add_total_grads(g_means, g_log_stds, means, log_stds, self.totals[0], self.totals[1] if self.second else None)
         g_logits = g_const - torch.softmax(mixing_logits, dim=-1) * g_const.sum(-1, keepdim=True)
         for acc, g in zip(param_grads, (g_means, g_log_stds, g_logits), strict=True):
             acc += g.reshape(-1)
+
+
+def add_total_grads(g_means, g_log_stds, means, log_stds, g_total_mu, g_total_sq) -> None:
+    """In place, (W, K) float64: add to ∂/∂μ and ∂/∂log σ what the (W,) gradients ``g_total_mu`` of Σ_k μ_k and
+    ``g_total_sq`` of Σ_k (μ_k² + e^{2 log σ_k}) (None: no Var) give, at the float64 ``means``, ``log_stds``."""
+    g_means += g_total_mu[:, None]
+    if g_total_sq is not None:
+        g_sq = g_total_sq[:, None]
+        g_means += 2 * means * g_sq
+        g_log_stds += 2 * torch.exp(2 * log_stds) * g_sq
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from ._nearby import level_sq_totals
+from ._nearby import add_total_grads, level_sq_totals
 
-__all__ = ["SETTLE_ULPS", "fold_settled", "level_tables", "settled_columns"]
+__all__ = ["SETTLE_ULPS", "fold_settled", "level_tables", "settled_columns", "window_mean"]
 
 SETTLE_ULPS = 16.0
 
@@ -61,12 +61,17 @@ def level_tables(means, log_stds, second: bool):
     level (μ_k, then each window's Σ_k μ_k / K, K times), and with ``second`` s − m² where certified (σ_k²) and s
     where settled (each window's Σ_k (μ_k² + σ_k²) / K, K times), else None. No graph."""
     means, log_stds = means.detach(), log_stds.detach()
-    k = means.shape[1]
-    levels = torch.cat([means.reshape(-1), (means.sum(-1, keepdim=True) / k).expand_as(means).reshape(-1)])
+    levels = torch.cat([means.reshape(-1), window_mean(means)[:, None].expand_as(means).reshape(-1)])
     if not second:
         return levels, None
-    settled_sq = (level_sq_totals(means, log_stds)[:, None] / k).expand_as(means)
+    settled_sq = (level_sq_totals(means, log_stds)[:, None] / means.shape[1]).expand_as(means)
     return levels, torch.cat([torch.exp(2 * log_stds).reshape(-1), settled_sq.reshape(-1)])
+
+
+def window_mean(means):
+    """(W,) Σ_k μ_k / K: every all-lumped weight's m (sqs_core._nearby.lumped_moments forms it alike); the settled
+    bins' mean in the bin table (sqs_core.onehot) and the one-hot backward's table (:func:`level_tables`)."""
+    return means.sum(-1) / means.shape[1]
 
 
 def fold_settled(param_grads, accumulators, means, log_stds) -> None:
@@ -74,14 +79,16 @@ def fold_settled(param_grads, accumulators, means, log_stds) -> None:
     summed at :func:`level_tables`' entries, into ``param_grads`` = (∂/∂μ, ∂/∂log σ, Σ λ̃ per component or None):
     the first halves as they are; the second (settled weights: ∂L/∂m and ∂L/∂s of each, per window) through
     m = Σ_k μ_k / K and s = Σ_k (μ_k² + σ_k²) / K, as sqs_core._nearby.TableGradients.into takes the totals of
-    all-lumped weights; the Σ λ̃ halves (the gate KL's, at k*) added."""
+    all-lumped weights (:func:`sqs_core._nearby.add_total_grads`); the Σ λ̃ halves (the gate KL's, at k*) added."""
     (w, k), wk = means.shape, means.numel()
     mu_acc, spread_acc, kl_acc = accumulators
-    g_m = mu_acc[wk:].view(w, k).sum(1, keepdim=True) / k
-    param_grads[0].add_(mu_acc[:wk] + g_m.expand(w, k).reshape(-1))
-    if spread_acc is not None:
-        g_s = spread_acc[wk:].view(w, k).sum(1, keepdim=True) / k
-        param_grads[0].add_((2 * means.detach().double() * g_s).reshape(-1))
-        param_grads[1].add_(spread_acc[:wk] + (2 * torch.exp(2 * log_stds.detach().double()) * g_s).reshape(-1))
+    g_means = mu_acc[:wk].view(w, k).clone()
+    g_log_stds = None if spread_acc is None else spread_acc[:wk].view(w, k).clone()
+    g_total_mu = mu_acc[wk:].view(w, k).sum(1) / k
+    g_total_sq = None if spread_acc is None else spread_acc[wk:].view(w, k).sum(1) / k
+    add_total_grads(g_means, g_log_stds, means.detach().double(), log_stds.detach().double(), g_total_mu, g_total_sq)
+    param_grads[0].add_(g_means.reshape(-1))
+    if g_log_stds is not None:
+        param_grads[1].add_(g_log_stds.reshape(-1))
     if kl_acc is not None:
         param_grads[2].add_(kl_acc[:wk] + kl_acc[wk:])

@@ -41,7 +41,7 @@ import torch
 
 from ._indices import flat_indices, grouped_by_class
 from ._nearby import nearby_tables
-from ._settled import settled_columns
+from ._settled import settled_columns, window_mean
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP
 
 __all__ = [
@@ -181,7 +181,7 @@ def _settle(near_width, best, mean_radius, nearby, edges, params):
     rows, k = row.index_select(0, bins), means.shape[1]
     near_width[bins] = LUMPED_SETTLED
     best[bins] = column[column >= 0] - rows * k
-    mean_radius[0, bins] = (means.sum(-1) / k).index_select(0, rows)
+    mean_radius[0, bins] = window_mean(means).index_select(0, rows)
     mean_radius[1, bins] = -1.0  # the radius was μ_{j_b}'s (no weight of a lumped bin is near it), not the mean's
 
 
