@@ -268,16 +268,19 @@ def test_kl_after_a_state_dict_load_sums_at_the_loaded_parameters():
 @given(
     ids_dtype=st.sampled_from([torch.uint8, torch.int16, torch.int32, torch.int64]),
     out_dtype=st.sampled_from([torch.int32, torch.int64]),
+    levels_dtype=st.sampled_from([torch.uint8, torch.int64]),
     k=st.integers(2, 256),
     k_as_tensor=st.booleans(),
     n=st.integers(0, 300),
     seed=st.integers(0, 2**16),
 )
-def test_flat_index_is_window_times_k_plus_level_in_the_asked_dtype(ids_dtype, out_dtype, k, k_as_tensor, n, seed):
+def test_flat_index_is_window_times_k_plus_level_in_the_asked_dtype(
+    ids_dtype, out_dtype, levels_dtype, k, k_as_tensor, n, seed
+):
     """chunked._flat_index = w·K + k (int32 arithmetic, eager: one add with alpha = K for narrow ids)."""
     gen = torch.Generator().manual_seed(seed)
     windows = torch.randint(0, 120, (n,), generator=gen).to(ids_dtype)
-    levels = torch.randint(0, k, (n,), generator=gen).to(torch.uint8 if k <= 256 else torch.int64)
+    levels = torch.randint(0, k, (n,), generator=gen).to(levels_dtype)
     flat = chunked._flat_index(windows, levels, torch.tensor(k) if k_as_tensor else k, out_dtype)
     assert flat.dtype == out_dtype
     assert torch.equal(flat.long(), windows.long() * k + levels.long())
