@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqs_core import selection
+from sqs_core._forward_cache import any_returning
 from sqs_core.selection import keep_top_fraction
 from strategies import nonzero_rates
 from torch import nn
@@ -263,6 +264,41 @@ def test_a_schedule_step_between_forward_and_backward_leaves_that_backward_alone
                 p.mask.numel() for p in sqs.posteriors(model).values()
             )
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+def test_the_schedule_writes_into_a_mask_nothing_else_holds():
+    """After a step's backward nothing else holds a posterior's mask and the schedule writes into it (a new T-byte
+    buffer every step fragmented glibc's heap: sqs_core.posterior.set_mask_); a mask a state dict holds gets a new
+    buffer, and the state dict keeps the values it had."""
+    model = prepared()
+    posts = sqs.posteriors(model)
+    pruning = sqs.PruningSchedule(model, target_nonzero=0.3, total_steps=4)
+    x = torch.randn(5, 10, generator=torch.Generator().manual_seed(0))
+    sqs.Objective(model, num_data=5)(model(x).square().mean()).backward()
+    before = {name: (p.mask.data_ptr(), int(p.mask.sum())) for name, p in posts.items()}
+    pruning.step(2)
+    assert all(p.mask.data_ptr() == before[name][0] for name, p in posts.items())
+    assert sum(int(p.mask.sum()) for p in posts.values()) < sum(kept for _, kept in before.values())
+    held = {name: p.state_dict()["mask"] for name, p in posts.items()}  # detached aliases, as model.state_dict()
+    old = {name: mask.clone() for name, mask in held.items()}
+    pruning.step(4)
+    assert all(p.mask.data_ptr() != held[name].data_ptr() for name, p in posts.items())
+    assert all(torch.equal(held[name], old[name]) for name in posts)
+    assert sum(int(p.mask.sum()) for p in posts.values()) < sum(int(m.sum()) for m in old.values())
+
+
+@given(size=st.integers(1, 300), chunk=st.integers(1, 64), seed=st.integers(0, 10_000), density=st.floats(0, 1))
+def test_any_returning_is_new_and_not_old_anywhere(size, chunk, seed, density):
+    """set_mask_'s test for a weight the new mask keeps and the old one pruned, chunk by chunk: the same answer
+    as (new & ~old).any()."""
+    gen = torch.Generator().manual_seed(seed)
+    old = torch.rand(size, generator=gen) < density
+    new = old & (torch.rand(size, generator=gen) < 0.5)  # only more pruned: none returns
+    assert not any_returning(new, old, chunk)
+    back = int(torch.randint(size, (), generator=gen))
+    new[back] = True
+    assert any_returning(new, old, chunk) == bool(~old[back])
+    assert any_returning(new.reshape(1, -1), old.reshape(1, -1), chunk) == bool((new & ~old).any())
 
 
 @settings(max_examples=15)

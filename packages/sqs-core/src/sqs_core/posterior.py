@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ._checks import F32_STD_MIN, check_int
-from ._forward_cache import SharedMoments, log_other_tensors, pointers, tensor_key
+from ._forward_cache import SharedMoments, any_returning, log_other_tensors, pointers, sole_owner, tensor_key
 from ._gate_kl import gate_kl
 from ._posterior_init import initial_gate_logits, initial_mixtures
 from ._window_load import take_window_count
@@ -188,17 +188,16 @@ class SpikeGMMPosterior(nn.Module):
     @torch.no_grad()
     def set_mask_(self, keep: torch.Tensor | bool) -> None:
         """Set the pruning mask to ``keep`` (a bool tensor of θ's shape, or True for all), the pinned rows pruned.
-        A new buffer, not a write into the old one: a forward's backward keeps the mask that forward used (the
-        schedule may step between the two; an in-place write failed that backward with autograd's error)."""
-        old, mask = self.mask, torch.empty_like(self.mask)
-        if isinstance(keep, torch.Tensor):
-            mask.copy_(keep)
-        else:
-            mask.fill_(keep)
-        self.mask = mask
-        self._pending_kl = None  # summed at the old mask (its key would not tell: the new buffer is version 0)
-        self._prune_pinned()
-        if self._kstar is not None and bool((self.mask > old).any()):
+        Written into the mask buffer when nothing else holds it (:func:`sole_owner`); else a new buffer, so a
+        forward's backward keeps the mask that forward used (the schedule may step between the two; an in-place
+        write failed that backward with autograd's error). A new T-byte buffer every schedule step fragmented
+        glibc's heap and raised a step's peak RSS by about 55 MiB on the 4096² layer (docs/method.md, "Session 42")."""
+        old = self.mask
+        new = self.without_pinned(torch.broadcast_to(torch.as_tensor(keep, device=old.device), old.shape), False)
+        returning = self._kstar is not None and any_returning(new, old)  # before an in-place write
+        self.mask = (old if sole_owner(old) else torch.empty_like(old)).copy_(new)
+        self._pending_kl = None  # summed at the old mask
+        if returning:
             self._kstar = None  # a returning weight's k* was its bin's best (onehot.classify's keep), not its argmax
 
     @torch.no_grad()
