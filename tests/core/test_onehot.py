@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import uncovered
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from sqs_core import _indices, _nearby, chunked, onehot
+from sqs_core import _bounds, _indices, _nearby, chunked, onehot
 from sqs_core.mixture import component_log_density, log_responsibilities
 from sqs_core.onehot import (
     ALL_LUMPED,
@@ -21,7 +21,7 @@ from sqs_core.onehot import (
     certify_one_hot,
     flat_indices,
 )
-from sqs_core.posterior import SpikeGMMPosterior
+from sqs_core.posterior import LOG_STD_MIN, SpikeGMMPosterior
 from torch import nn
 from uncovered import evaluated_components, log_densities64, uncovered_counts
 
@@ -358,3 +358,30 @@ def test_tables_hold_only_the_columns_k_can_use(k, narrowing):
     standard_config = sqs.SQSConfig(num_components=k, responsibility="standard")
     standard = SpikeGMMPosterior(w, standard_config, generator=torch.Generator().manual_seed(0))
     assert uncovered._blocks(standard)[1].nearby.shape[1] == 0
+
+
+@given(
+    bins=st.integers(1, 700),
+    windows=st.integers(1, 3),
+    k=st.integers(2, 20),
+    pad=st.integers(0, 3),
+    block=st.integers(1, 300),
+    seed=st.integers(0, 10**6),
+)
+def test_the_blocked_bin_bounds_are_the_whole_tables_bits(bins, windows, k, pad, block, seed):
+    """The eager bin table's bounds, taken BOUND_BLOCK bins at a time, are those of the whole table bit for bit,
+    for any block size against any number of bins (a last partial block, one block, one bin per block), with
+    −inf padding and σ down to the posterior's floor (bounds kept at −FLT_MAX)."""
+    gen = torch.Generator().manual_seed(seed)
+    left = torch.sort(torch.randn(bins, generator=gen)).values
+    right = left + torch.rand(bins, generator=gen) * 0.1
+    row = torch.randint(windows, (bins,), generator=gen)
+    means = torch.randn(windows, k, generator=gen)
+    log_stds = (torch.randn(windows, k, generator=gen) * 3 - torch.randint(2, (windows, k), generator=gen) * 40).clamp(
+        min=LOG_STD_MIN
+    )  # the posterior's floor: ½/σ² stays finite
+    log_mixing = F.log_softmax(torch.randn(windows, k, generator=gen), -1)
+    args = (left, right, row, means, log_stds, log_mixing, pad)
+    with mock.patch.object(_bounds, "BOUND_BLOCK", block):
+        blocked = _bounds._blocked_bin_bounds(*args)
+    assert torch.equal(blocked, _bounds._bin_bounds(*args))

@@ -7,7 +7,7 @@ weights: λ̃ = sigmoid(s̃/τ') (eq. lambda-prime), the one-hot certificate (:m
 
 * moments forward: gate, certificate lookup, θ^avg, k* (and Var) and the float64 gate-KL sum (the KL is
   summed in the same pass, chunked._PosteriorMoments): one kernel over all T weights; the B·K bounds of the
-  certificate's bin table (onehot._bin_bounds): one kernel;
+  certificate's bin table (sqs_core._bounds): one kernel;
 * moments backward: gate, one-hot gradients, the gate KL's gradients, ∂/∂s̃: one kernel per chunk of
   chunked.chunk_elements weights;
 * the weights the certificate does not cover (sqs_core._fused_uncovered): in forward, a block of weights in
@@ -38,6 +38,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ._bounds import _bin_bounds
 from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
 from ._fused_uncovered import bin_scalars, block_gradients, full_block, lumped_gradients, nearby_block, unpack_blocks
@@ -45,9 +46,9 @@ from ._gate_terms import GATE_FLOOR, _gate_probs, _variance, check_first_order, 
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients
 from ._settled import fold_settled, level_tables
-from .chunked import _chunk_ranges, _flat_index, chunk_elements
+from .chunked import _chunk_ranges, _flat_index, chunk_elements, one_hot_workspace
 from .mixture import bernoulli_kl_terms, exp_floor, flush_subnormals
-from .onehot import ALL_LUMPED, CERTIFIED, _bin_bounds, bin_of, bin_table, columns_of, uncovered_blocks
+from .onehot import ALL_LUMPED, CERTIFIED, bin_of, bin_table, columns_of, uncovered_blocks
 
 __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
 
@@ -139,7 +140,7 @@ def _one_hot_backward(
     """One chunk of weights' gradients, as chunked._one_hot_grads and the ∂/∂s̃ of _PosteriorMoments.backward
     compute them, written in place (nothing is returned): ∂/∂s̃ into ``out_gate`` (the chunk's slice of the
     s̃ gradient; the moments' part of weights that are neither certified nor settled is left out: the caller adds
-    it), and into ``workspace`` (:func:`_one_hot_workspace`, the chunk's size) the entry w·K + k* + W·K·settled of
+    it), and into ``workspace`` (chunked.one_hot_workspace, the chunk's size) the entry w·K + k* + W·K·settled of
     sqs_core._settled.level_tables (``means``, ``spreads``; int64), ∂/∂μ_{k*} (settled: ∂L/∂m) (float64),
     ∂/∂log σ_{k*} (settled: ∂L/∂s) (float64; None without Var) and λ̃ (float64; None without KL).
     ``grad_var`` None: the plug-in (no Var). ``kl_table`` (flat component KLs): the gate KL's gradients with
@@ -271,7 +272,7 @@ def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar
     workspace: tuple = ()
     for a, b in _chunk_ranges(gate_logits.numel(), 1, gate_logits.device):
         if not workspace or workspace[0].numel() != b - a:
-            workspace = _one_hot_workspace(b - a, gv is not None, g_comp is not None, gate_logits.device)
+            workspace = one_hot_workspace(b - a, gv is not None, g_comp is not None, gate_logits.device)
         chunk = (gate_logits[a:b], mask[a:b], window_ids[a:b], kstar[a:b], classes[a:b], *consts, gm[a:b])
         outputs = (g_gate[a:b], workspace)
         KERNELS["_one_hot_backward"](*chunk, (gv[a:b] if gv is not None else None), *scalars, *kl, *outputs)
@@ -280,17 +281,6 @@ def _one_hot_gradients(param_grads, g_comp, gate_logits, mask, window_ids, kstar
         index_add_all([(acc, flat, source) for acc, source in sums if acc is not None and source is not None])
     fold_settled((*param_grads[:2], g_comp), halves, means, log_stds)
     return g_gate
-
-
-def _one_hot_workspace(n, second, with_kl, device):
-    """The buffers :func:`_one_hot_backward` writes a chunk of ``n`` weights' outputs into: flat index (int64),
-    ∂/∂μ, ∂/∂log σ (``second``, else None) and λ̃ (``with_kl``, else None), float64. One set serves every chunk
-    of a backward: fresh outputs per chunk made glibc map and zero new pages again and again."""
-
-    def empty(dtype=torch.float64):
-        return torch.empty(n, dtype=dtype, device=device)
-
-    return empty(torch.int64), empty(), (empty() if second else None), (empty() if with_kl else None)
 
 
 class FusedPosteriorMoments(torch.autograd.Function):

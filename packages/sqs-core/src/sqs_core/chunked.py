@@ -214,17 +214,19 @@ class _PosteriorMoments(torch.autograd.Function):
         g_gate = torch.empty_like(gate_logits)
         k = means.shape[1]
         nearby = TableGradients(leaves, second) if ctx.table.any_lumpable else None
+        size = min(theta.numel(), chunk_elements(theta.device))
+        workspace = one_hot_workspace(size, second, g_comp is not None, theta.device)
         for a, b in _chunk_ranges(theta.numel(), 1, theta.device):
-            wid = window_ids[a:b]
+            wid, (flat, *sources) = window_ids[a:b], (None if w is None else w[: b - a] for w in workspace)
             scaled, lam_raw, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
             gm, gv = grad_mean[a:b], (grad_var[a:b] if second else None)
-            flat, cert = _flat_index(wid, kstar[a:b], k, torch.int64), classes[a:b] == CERTIFIED
+            flat, cert = _flat_index(wid, kstar[a:b], k, out=flat), classes[a:b] == CERTIFIED
             m, s = _one_hot_moments(flat, means, log_stds, second)
-            sums = _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds)
+            sums = _one_hot_grads(param_grads, flat, cert, (gm, gv, lam, m), log_stds, sources[:2])
             if g_comp is not None:
                 ck = component_kl.reshape(-1).index_select(0, flat)
                 g_kl = _kl_gate_grads(scaled, lam_raw, lam, ck, spec.gate_temperature, spec.prior_keep, grad_kl)
-                sums.append((g_comp, flat, lam.double()))
+                sums.append((g_comp, flat, sources[2].copy_(lam)))
             index_add_all(sums)
             for u, width in blocks.get(a, []):
                 block = _Uncovered.gather(a, u, wid, theta[a:b], gm, gv, lam)
@@ -254,7 +256,19 @@ class _PosteriorMoments(torch.autograd.Function):
 _NARROW_IDS = (torch.uint8, torch.int16, torch.int32)  # window ids whose sum with int32 levels stays int32
 
 
-def _flat_index(window_ids: torch.Tensor, levels: torch.Tensor, k: int, dtype=torch.int32) -> torch.Tensor:
+def one_hot_workspace(n, second, with_kl, device):
+    """The int64 and float64 buffers a backward's one-hot sums of ``n`` weights take (index_add_all's index and
+    sources): flat index w·K + k*, ∂/∂μ, ∂/∂log σ (``second``, else None) and λ̃ (``with_kl``, else None). One set
+    serves every chunk of a backward: fresh 8-byte outputs per chunk made glibc map and zero new pages again and
+    again (eager 4096² step: 25k of its 181k page faults, docs/method.md "Session 42")."""
+
+    def empty(dtype=torch.float64):
+        return torch.empty(n, dtype=dtype, device=device)
+
+    return empty(torch.int64), empty(), (empty() if second else None), (empty() if with_kl else None)
+
+
+def _flat_index(window_ids: torch.Tensor, levels: torch.Tensor, k: int, dtype=torch.int32, out=None) -> torch.Tensor:
     """w·K + k: the index of each weight's component in the flattened (W, K) parameters, as ``dtype``: int32 for
     gathers (``index_select`` took 0.69 against 0.83 ms per 2^20 int64 indices), int64 for index_add_all (its
     ``scatter_add_`` takes no other). Formed in int32 and converted: AVX2 has no int64 multiply (emulated lane
@@ -267,6 +281,8 @@ def _flat_index(window_ids: torch.Tensor, levels: torch.Tensor, k: int, dtype=to
         flat = window_ids.int() * k + levels.int()
     else:
         flat = torch.add(levels.int(), window_ids, alpha=k)
+    if out is not None:  # an int64 buffer (one_hot_workspace): no fresh T-sized int64 index per chunk
+        return out.copy_(flat)
     return flat if dtype == torch.int32 else flat.to(dtype)
 
 
@@ -305,20 +321,21 @@ def _full_moments(th, wid, means, log_stds, log_mix, spec, second):
     return m, s, q
 
 
-def _one_hot_grads(param_grads, flat, cert, gm, gv, lam, m, log_stds):
+def _one_hot_grads(param_grads, flat, cert, values, log_stds, buffers):
     """The (accumulator, index, values) sums that scatter the certified weights' gradients onto μ_{k*} (and
     log σ_{k*} when Var is used), for :func:`~sqs_core._index_add.index_add_all`: ∂θ^avg/∂μ_{k*} = λ̃; with
     Var = λ̃ (μ² + σ²) − (λ̃ μ)² also ∂Var/∂μ = 2 λ̃ μ (1 − λ̃), ∂Var/∂log σ = 2 λ̃ σ². Uncertain weights
-    contribute zero here (their gradients come from the full path)."""
-    g_means, g_log_stds, _ = param_grads
+    contribute zero here (their gradients come from the full path). ``values``: (∂L/∂θ^avg, ∂L/∂Var or None,
+    λ̃, m); the float64 sources go into ``buffers`` (∂/∂μ, ∂/∂log σ or None: :func:`one_hot_workspace`)."""
+    (g_means, g_log_stds, _), (gm, gv, lam, m) = param_grads, values
     on = lam * cert  # torch.where(cert, λ̃, 0) (λ̃ ≥ 0: the same bits), faster (_gate_terms._gate_probs)
     dm, sums = gm * on, []
     if gv is not None:
         gv = gv * on
         dm = dm + 2 * gv * m * (1 - lam)
         var = torch.exp(2 * log_stds.detach().reshape(-1).index_select(0, flat))
-        sums.append((g_log_stds, flat, (2 * gv * var).double()))
-    return [*sums, (g_means, flat, dm.double())]
+        sums.append((g_log_stds, flat, buffers[1].copy_(2 * gv * var)))
+    return [*sums, (g_means, flat, buffers[0].copy_(dm))]
 
 
 def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, spec):

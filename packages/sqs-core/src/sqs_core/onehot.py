@@ -39,10 +39,11 @@ from functools import partial
 
 import torch
 
+from ._bounds import _blocked_bin_bounds, _peak_log_density
 from ._indices import flat_indices, grouped_by_class
 from ._nearby import nearby_tables
 from ._settled import settled_columns, window_mean
-from .mixture import HALF_LOG_2PI, PAPER_CLAMP
+from .mixture import PAPER_CLAMP
 
 __all__ = [
     "ALL_LUMPED",
@@ -124,8 +125,8 @@ def bin_table(
     """The table for the flat weights ``theta`` (windows ``window_ids``) and (W, K) component parameters
     (no graph): B·K work plus one min/max pass over the weights. Valid for exactly these weights.
     ``window_ranges`` (W, 2), each window's smallest and largest weight, if the caller has them cached.
-    ``bounds``: :func:`_bin_bounds` or a compiled version of it (sqs_core._fused)."""
-    bounds = bounds or _bin_bounds
+    ``bounds``: sqs_core._bounds._bin_bounds compiled (sqs_core._fused); eagerly its blocked form."""
+    bounds = bounds or _blocked_bin_bounds
     th, (num_windows, k) = theta.detach(), means.shape
     means, log_stds, log_mixing = means.detach(), log_stds.detach(), log_mixing.detach()
     if window_ranges is None:
@@ -222,27 +223,6 @@ def _nearby_table(top_indices, bound_rows, near_width, owner, kind, k, dtype):
         fits = top.values[:, NEARBY] <= lump_log_density(dtype)
         near_width[wide] = torch.where(fits, NEARBY, 0).to(near_width.dtype)
     return nearby
-
-
-def _bin_bounds(left, right, row, means, log_stds, log_mixing, pad: int):
-    """(B, K + ``pad``): Q_bk = peak_bk − ½ dist(μ_k, bin b)²/σ_k² (:func:`_peak_log_density`) for bins
-    [left, right] and the components of each bin's window ``row`` of the (W, K) parameters, then ``pad``
-    columns of −inf. peak and ½/σ² are formed per (W, K) component and their rows gathered (compiled, no
-    (B, K) copy is written out), the rest in place: the same bits as forming them per bin (½ scales
-    exactly). Eager, the whole table of 65,536 bins × 64 components took 50–66 ms within a training step
-    instead of 124–138 ms. A bound that overflows to −inf (dist²/σ² beyond float32: tiny σ or far μ) is kept
-    at −FLT_MAX, strictly above the padding, so that the top columns are always real components (a padding
-    column picked among −inf ties indexed past K)."""
-    peak, half_precision = _peak_log_density(log_mixing, log_stds), 0.5 * torch.exp(-2 * log_stds)
-    mu, bound, half_precision = (t.index_select(0, row) for t in (means, peak, half_precision))
-    dist = torch.maximum(left[:, None] - mu, mu - right[:, None]).clamp_(min=0.0)
-    bound = bound.sub_(dist.mul_(dist).mul_(half_precision)).clamp_(min=torch.finfo(bound.dtype).min)
-    return torch.cat([bound, bound.new_full((bound.shape[0], pad), -math.inf)], dim=1) if pad else bound
-
-
-def _peak_log_density(log_mixing, log_std):
-    """peak_k = log π_k − log σ_k − ½ log 2π: the largest log π_k N(θ | μ_k, σ_k²) over θ (at θ = μ_k)."""
-    return log_mixing - log_std - HALF_LOG_2PI
 
 
 def bin_index(theta: torch.Tensor, table: BinTable) -> torch.Tensor:
