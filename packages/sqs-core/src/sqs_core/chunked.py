@@ -226,6 +226,7 @@ class _PosteriorMoments(torch.autograd.Function):
             if g_comp is not None:
                 ck = component_kl.reshape(-1).index_select(0, flat)
                 g_kl = _kl_gate_grads(scaled, lam_raw, lam, ck, spec.gate_temperature, spec.prior_keep, grad_kl)
+                assert sources[2] is not None  # the workspace has λ̃'s buffer whenever the KL is summed
                 sums.append((g_comp, flat, sources[2].copy_(lam)))
             index_add_all(sums)
             for u, width in blocks.get(a, []):
