@@ -188,10 +188,12 @@ class SpikeGMMPosterior(nn.Module):
     @torch.no_grad()
     def set_mask_(self, keep: torch.Tensor | bool) -> None:
         """Set the pruning mask to ``keep`` (a bool tensor of θ's shape, or True for all), the pinned rows pruned.
-        Written into the mask buffer when nothing else holds it (:func:`sole_owner`); else a new buffer, so a
-        forward's backward keeps the mask that forward used (the schedule may step between the two; an in-place
-        write failed that backward with autograd's error). A new T-byte buffer every schedule step fragmented
-        glibc's heap and raised a step's peak RSS by about 55 MiB on the 4096² layer (docs/method.md, "Session 42")."""
+        Written into the mask buffer when no other tensor shares its storage (:func:`sole_owner`: no view, no saved
+        tensor of a pending backward, no state dict's alias; a reference to the buffer itself sees the new mask, as
+        for any buffer updated in place); else a new buffer, so a forward's backward keeps the mask that forward
+        used (the schedule may step between the two; an in-place write failed that backward with autograd's error).
+        A new T-byte buffer every schedule step fragmented glibc's heap and raised a step's peak RSS by about 55 MiB
+        on the 4096² layer (docs/method.md, "Session 42")."""
         old = self.mask
         new = self.without_pinned(torch.broadcast_to(torch.as_tensor(keep, device=old.device), old.shape), False)
         returning = self._kstar is not None and any_returning(new, old)  # before an in-place write
