@@ -317,8 +317,8 @@ def test_pruned_weights_are_not_evaluated(monkeypatch, small_chunks, compiled):
     """The mixture evaluates exactly the uncovered weights the mask keeps (onehot.classify's keep), on both paths:
     a pruned weight's λ̃ is 0, so its θ^avg, Var and gradients do not depend on φ (the values and gradients
     against autograd: test_posterior, test_compiled_values_and_gradients_match_eager, both with every fifth
-    weight pruned). The compiled path leaves out the weights of settled all-lumped bins (onehot.LUMPED_SETTLED)
-    too: its certified kernels evaluate them."""
+    weight pruned). Both paths leave out the weights of settled all-lumped bins (onehot.LUMPED_SETTLED) too: they
+    are evaluated with the certified ones (sqs_core._one_hot, the compiled certified kernels)."""
     p = _posterior(CASES["paper-K20-outlier-gaussian-trained-theta"][0], compiled)
     with torch.no_grad():
         p.log_stds.fill_(-9.0)  # narrow: most weights uncovered
@@ -333,7 +333,7 @@ def test_pruned_weights_are_not_evaluated(monkeypatch, small_chunks, compiled):
 
     monkeypatch.setattr(module, "uncovered_blocks", spy)
     p.moments(second=True)
-    kept, uncovered = p.mask.reshape(-1), uncovered_mask(p, settled_inline=compiled)
+    kept, uncovered = p.mask.reshape(-1), uncovered_mask(p, settled_inline=True)
     assert offset[0] == kept.numel()
     assert settled_count(p) > 10
     assert int((uncovered & ~kept).sum()) > 20 and int((uncovered & kept).sum()) > 100

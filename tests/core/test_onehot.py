@@ -12,7 +12,7 @@ import uncovered
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from sqs_core import _bounds, _indices, _nearby, chunked, onehot
-from sqs_core.mixture import component_log_density, log_responsibilities
+from sqs_core.mixture import bernoulli_kl, component_log_density, gaussian_kl, log_responsibilities
 from sqs_core.onehot import (
     ALL_LUMPED,
     CERTIFY_MARGIN,
@@ -187,6 +187,50 @@ def test_all_lumped_weights_match_the_full_formula(k, seed, narrowing, windows, 
         p.gate_logits.add_(torch.randn(p.gate_logits.shape, generator=g, dtype=torch.float64) * 0.02)
     assume(uncovered_counts(p)[ALL_LUMPED] > 0)
     _assert_matches_the_full_formula(p, second, g)
+
+
+@pytest.mark.parametrize("second", [False, True])
+@pytest.mark.parametrize("narrowing", [2.5, 4.0])
+def test_settled_weights_and_their_gate_kl_match_the_full_formula(monkeypatch, second, narrowing):
+    """Weights of settled all-lumped bins (onehot.LUMPED_SETTLED: φ = 1/K, k* their bin's), which the eager step
+    evaluates with the certified ones (sqs_core._one_hot): θ^avg = λ̃ Σ_k μ_k / K, Var from Σ_k (μ_k² + σ_k²) / K,
+    the gate KL at their k*, and the gradients of all three (reaching every component of the window, its
+    mixing logits and the gates) equal autograd through the paper's full formula, k* the argmax of log π_k N_k."""
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 256)
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(60, 50, generator=g, dtype=torch.float64) * 0.1
+    w.view(-1)[:3] = torch.tensor([1.5, -1.2, 1.1], dtype=torch.float64)
+    prior = sqs.SpikeSlabPrior(keep_prob=0.3, slab_std=0.7)
+    config = sqs.SQSConfig(num_components=16, windows="outlier", responsibility="paper", temperature=5e-4, prior=prior)
+    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
+    with torch.no_grad():
+        p.log_stds.sub_(narrowing)  # narrow components: most weights far from all of them
+        p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=torch.float64))
+        p.gate_logits.add_(torch.randn(p.gate_logits.shape, generator=g, dtype=torch.float64) * 0.02)
+        p.mask.view(-1)[::7] = False
+    assert uncovered.settled_count(p) > 200, uncovered_counts(p)  # beside all-lumped bins that do not settle
+    mean, var = p.moments(second=second)
+    kl = p.kl()
+    theta, rows = p.weight.reshape(-1), p.window_ids.reshape(-1).long()
+    q = component_log_density(theta, p.means[rows], p.log_stds[rows], F.log_softmax(p.mixing_logits, -1)[rows])
+    phi = log_responsibilities(q, "paper", 5e-4).exp()
+    scaled, kept = p.gate_logits.reshape(-1) / p.gate_temperature, p.mask.reshape(-1)
+    lam = torch.sigmoid(scaled) * kept
+    m = (phi * p.means[rows]).sum(-1)
+    ref_kl = (lam * gaussian_kl(p.means, p.log_stds, 0.7)[rows, q.argmax(-1)]).sum()
+    ref_kl = ref_kl + torch.where(kept, bernoulli_kl(scaled, 0.3), torch.full_like(scaled, -math.log(0.7))).sum()
+    assert torch.allclose(mean.reshape(-1), lam * m, rtol=1e-9, atol=1e-12)
+    assert torch.allclose(kl, ref_kl, rtol=1e-9)
+    weights = torch.randn(mean.shape, generator=g, dtype=torch.float64)
+    ours, ref = (mean * weights).sum() + kl, (lam * m * weights.reshape(-1)).sum() + ref_kl
+    if second:
+        s = (phi * (p.means[rows] ** 2 + torch.exp(2 * p.log_stds[rows]))).sum(-1)
+        ref_var = lam * s - (lam * m) ** 2
+        assert torch.allclose(var.reshape(-1), ref_var.clamp_min(0), rtol=1e-7, atol=1e-12)
+        ours, ref = ours + var.sum(), ref + ref_var.sum()
+    params = [p.means, p.log_stds, p.mixing_logits, p.gate_logits]
+    for a, b in zip(torch.autograd.grad(ours, params), torch.autograd.grad(ref, params), strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-9)
 
 
 def test_certified_fraction_is_a_share_of_one_hot_rows():

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqs_core import chunked
+from sqs_core import _one_hot, chunked
 from sqs_core.mixture import bernoulli_kl, gaussian_kl, log_responsibilities
 from sqs_core.onehot import lump_log_density
 from sqs_core.posterior import SpikeGMMPosterior, sampling_probs
@@ -277,10 +277,10 @@ def test_kl_after_a_state_dict_load_sums_at_the_loaded_parameters():
 def test_flat_index_is_window_times_k_plus_level_in_the_asked_dtype(
     ids_dtype, out_dtype, levels_dtype, k, k_as_tensor, n, seed
 ):
-    """chunked._flat_index = w·K + k (int32 arithmetic, eager: one add with alpha = K for narrow ids)."""
+    """_one_hot._flat_index = w·K + k (int32 arithmetic, eager: one add with alpha = K for narrow ids)."""
     gen = torch.Generator().manual_seed(seed)
     windows = torch.randint(0, 120, (n,), generator=gen).to(ids_dtype)
     levels = torch.randint(0, k, (n,), generator=gen).to(levels_dtype)
-    flat = chunked._flat_index(windows, levels, torch.tensor(k) if k_as_tensor else k, out_dtype)
+    flat = _one_hot._flat_index(windows, levels, torch.tensor(k) if k_as_tensor else k, out_dtype)
     assert flat.dtype == out_dtype
     assert torch.equal(flat.long(), windows.long() * k + levels.long())

@@ -11,7 +11,7 @@ from sqs_core.onehot import bin_components, bin_table, classify, columns_of, unc
 
 def _blocks(p, settled_inline=False):
     """(flat θ, BinTable, [(indices, width)]) at the posterior ``p``'s current parameters (``settled_inline``: without
-    the weights of settled all-lumped bins, as the compiled step finds them)."""
+    the weights of settled all-lumped bins, as both training steps find them)."""
     theta, wid = p.weight.detach().reshape(-1), p.window_ids.reshape(-1)
     log_mix = F.log_softmax(p.mixing_logits.detach(), -1)
     args = (p.means.detach(), p.log_stds.detach(), log_mix, p.config.responsibility, p.config.temperature)
@@ -40,8 +40,8 @@ def uncovered_mask(p, settled_inline=False) -> torch.Tensor:
 
 
 def settled_count(p) -> int:
-    """How many weights lie in settled all-lumped bins (onehot.LUMPED_SETTLED), which only the eager path evaluates
-    as blocks (the compiled one with the certified weights)."""
+    """How many weights lie in settled all-lumped bins (onehot.LUMPED_SETTLED), which both training steps evaluate
+    with the certified weights (no block of their own)."""
     return int((uncovered_mask(p) & ~uncovered_mask(p, settled_inline=True)).sum())
 
 

@@ -42,7 +42,7 @@ from ._compiled import _Kernel, _scalar
 from ._fused import _dkl_dlam, _gate_and_kl, _prior_logit, _prior_logs
 from ._gate_terms import _gate_probs, _variance, check_first_order, gate_logit_grad, kl_grad, moments_dlam
 from ._nearby import NearbyTables, TableGradients, cotangents
-from .chunked import _flat_index
+from ._one_hot import _flat_index
 from .mixture import PAPER_CLAMP, exp_floor, flush_subnormals
 
 __all__ = ["DENSE_CHUNK_WEIGHTS", "KERNELS", "DensePosteriorMoments", "dense_route"]

@@ -45,8 +45,9 @@ from ._fused_uncovered import bin_scalars, block_gradients, full_block, lumped_g
 from ._gate_terms import GATE_FLOOR, _gate_probs, _variance, check_first_order, gate_logit_grad, kl_accumulator, kl_grad
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients
+from ._one_hot import _flat_index, one_hot_workspace
 from ._settled import fold_settled, level_tables
-from .chunked import _chunk_ranges, _flat_index, chunk_elements, one_hot_workspace
+from .chunked import _chunk_ranges, chunk_elements
 from .mixture import bernoulli_kl_terms, exp_floor, flush_subnormals
 from .onehot import ALL_LUMPED, CERTIFIED, bin_of, bin_table, columns_of, uncovered_blocks
 
@@ -137,10 +138,10 @@ def _one_hot_backward(
     out_gate,
     workspace,
 ):
-    """One chunk of weights' gradients, as chunked._one_hot_grads and the ∂/∂s̃ of _PosteriorMoments.backward
+    """One chunk of weights' gradients, as _one_hot.one_hot_grads and the ∂/∂s̃ of _PosteriorMoments.backward
     compute them, written in place (nothing is returned): ∂/∂s̃ into ``out_gate`` (the chunk's slice of the
     s̃ gradient; the moments' part of weights that are neither certified nor settled is left out: the caller adds
-    it), and into ``workspace`` (chunked.one_hot_workspace, the chunk's size) the entry w·K + k* + W·K·settled of
+    it), and into ``workspace`` (_one_hot.one_hot_workspace, the chunk's size) the entry w·K + k* + W·K·settled of
     sqs_core._settled.level_tables (``means``, ``spreads``; int64), ∂/∂μ_{k*} (settled: ∂L/∂m) (float64),
     ∂/∂log σ_{k*} (settled: ∂L/∂s) (float64; None without Var) and λ̃ (float64; None without KL).
     ``grad_var`` None: the plug-in (no Var). ``kl_table`` (flat component KLs): the gate KL's gradients with

@@ -20,7 +20,8 @@ from ._compiled import _Kernel, _scalar
 from ._fused_nearby import lumped_rows, nearby_rows, nearby_rows_vjp
 from ._gate_terms import _gate_probs, _variance, gate_logit_grad, moments_dlam
 from ._nearby import NearbyTables, lumped_vjp, nearby_moments, nearby_vjp
-from .chunked import _flat_index, recomputed_grads
+from ._one_hot import _flat_index
+from .chunked import recomputed_grads
 from .mixture import HALF_LOG_2PI, PAPER_CLAMP, flush_subnormals
 from .onehot import ALL_LUMPED, bin_of
 
@@ -107,7 +108,7 @@ def _written(u, out, outputs):
 
 
 def _gathered_rows(u, theta, window_ids, lookup, tables):
-    """θ and window (int32: chunked._flat_index's arithmetic) of weights ``u``, their bins' flat component
+    """θ and window (int32: _one_hot._flat_index's arithmetic) of weights ``u``, their bins' flat component
     indices (one row per column of ``lookup``'s table), their bins, and the μ, 1/σ, const rows."""
     th, wid = theta[u], window_ids[u].int()
     table, low, inv_width = lookup

@@ -11,7 +11,8 @@ import torch
 
 from ._gate_terms import _gate_probs, _kl_gate_grads, _kl_terms_sum, check_first_order
 from ._index_add import index_add_all
-from .chunked import _chunk_ranges, _flat_index
+from ._one_hot import _flat_index
+from .chunked import _chunk_ranges
 
 __all__ = ["gate_kl"]
 

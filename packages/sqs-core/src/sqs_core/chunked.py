@@ -27,7 +27,6 @@ from ._gate_terms import (
     kl_grad,
     moments_dlam,
 )
-from ._index_add import index_add_all
 from ._nearby import (
     NearbyTables,
     TableGradients,
@@ -38,10 +37,10 @@ from ._nearby import (
     nearby_grads,
     nearby_moments,
 )
+from ._one_hot import OneHotLevels, OneHotSums, _flat_index
 from .mixture import component_log_density, flush_subnormals_, log_responsibilities
 from .onehot import (
     ALL_LUMPED,
-    CERTIFIED,
     bin_components,
     bin_table,
     certify_one_hot,
@@ -160,13 +159,14 @@ class _PosteriorMoments(torch.autograd.Function):
         k = means.shape[1]
         table = bin_table(theta, window_ids, means, log_stds, log_mix, spec.kind, spec.temperature, ranges)
         tables = NearbyTables.build(means, log_stds, log_mix, second) if table.any_lumpable else None
+        levels = OneHotLevels.build(means, log_stds, second) if second else None
         blocks: list[tuple[int, int]] = []  # (chunk start, width) of each block of uncovered weights
         block_indices: list[torch.Tensor] = []  # its indices within the chunk, int32, kept for backward
         for a, b in _chunk_ranges(theta.numel(), 1, theta.device):
             th, wid = theta[a:b], window_ids[a:b]
             ks, m, cls = classify(th, wid, table, keep=mask[a:b])  # a pruned weight is not evaluated
-            s = _level_second_moment(m, _flat_index(wid, ks, k), log_stds) if second else None
-            for u, width in uncovered_blocks(cls, table, k, chunk_elements(theta.device)):
+            s = levels.second_moment(m, *levels.entries(wid, ks, cls)) if levels is not None else None
+            for u, width in uncovered_blocks(cls, table, k, chunk_elements(theta.device), settled_inline=True):
                 th_u, wid_u = th.index_select(0, u), wid.index_select(0, u).long()  # 3× faster than th[u]
                 if width:
                     assert tables is not None  # a width only where the table has lumpable bins
@@ -212,23 +212,16 @@ class _PosteriorMoments(torch.autograd.Function):
         param_grads = [torch.zeros(p.numel(), dtype=torch.float64, device=p.device) for p in leaves]
         g_theta = torch.zeros_like(theta) if ctx.needs_input_grad[0] else None
         g_gate = torch.empty_like(gate_logits)
-        k = means.shape[1]
         nearby = TableGradients(leaves, second) if ctx.table.any_lumpable else None
         size = min(theta.numel(), chunk_elements(theta.device))
-        workspace = one_hot_workspace(size, second, g_comp is not None, theta.device)
+        one_hot = OneHotSums(means, log_stds, second, component_kl, g_comp is not None, size)
         for a, b in _chunk_ranges(theta.numel(), 1, theta.device):
-            wid, (flat, *sources) = window_ids[a:b], (None if w is None else w[: b - a] for w in workspace)
+            wid = window_ids[a:b]
             scaled, lam_raw, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
             gm, gv = grad_mean[a:b], (grad_var[a:b] if second else None)
-            flat, cert = _flat_index(wid, kstar[a:b], k, out=flat), classes[a:b] == CERTIFIED
-            m, s = _one_hot_moments(flat, means, log_stds, second)
-            sums = _one_hot_grads(param_grads, flat, cert, (gm, gv, lam, m), log_stds, sources[:2])
-            if g_comp is not None:
-                ck = component_kl.reshape(-1).index_select(0, flat)
+            m, s, ck = one_hot.add(wid, kstar[a:b], classes[a:b], gm, gv, lam)
+            if ck is not None:
                 g_kl = _kl_gate_grads(scaled, lam_raw, lam, ck, spec.gate_temperature, spec.prior_keep, grad_kl)
-                assert sources[2] is not None  # the workspace has λ̃'s buffer whenever the KL is summed
-                sums.append((g_comp, flat, sources[2].copy_(lam)))
-            index_add_all(sums)
             for u, width in blocks.get(a, []):
                 block = _Uncovered.gather(a, u, wid, theta[a:b], gm, gv, lam)
                 if width == ALL_LUMPED:
@@ -246,45 +239,13 @@ class _PosteriorMoments(torch.autograd.Function):
             dlam = moments_dlam(gm, gv, m, s, lam, spec.spike_variance)
             dlam.mul_(lam).mul_(1 - lam_raw)  # times λ̃(1 − λ̃)/τ', 0 where masked
             torch.div(dlam, spec.gate_temperature, out=g_gate[a:b])
-            if g_comp is not None:
+            if ck is not None:
                 g_gate[a:b] += g_kl
+        one_hot.into(param_grads, g_comp)
         if nearby is not None:
             nearby.into(param_grads)
         grads = [g.to(p.dtype).reshape(p.shape) for g, p in zip(param_grads, leaves, strict=True)]
         return g_theta, g_gate, *grads, kl_grad(component_kl, g_comp, grad_kl), None, None, None, None, None
-
-
-_NARROW_IDS = (torch.uint8, torch.int16, torch.int32)  # window ids whose sum with int32 levels stays int32
-
-
-def one_hot_workspace(n, second, with_kl, device):
-    """The int64 and float64 buffers a backward's one-hot sums of ``n`` weights take (index_add_all's index and
-    sources): flat index w·K + k*, ∂/∂μ, ∂/∂log σ (``second``, else None) and λ̃ (``with_kl``, else None). One set
-    serves every chunk of a backward: fresh 8-byte outputs per chunk made glibc map and zero new pages again and
-    again (eager 4096² step: 25k of its 181k page faults, docs/method.md "Session 42")."""
-
-    def empty(dtype=torch.float64):
-        return torch.empty(n, dtype=dtype, device=device)
-
-    return empty(torch.int64), empty(), (empty() if second else None), (empty() if with_kl else None)
-
-
-def _flat_index(window_ids: torch.Tensor, levels: torch.Tensor, k: int, dtype=torch.int32, out=None) -> torch.Tensor:
-    """w·K + k: the index of each weight's component in the flattened (W, K) parameters, as ``dtype``: int32 for
-    gathers (``index_select`` took 0.69 against 0.83 ms per 2^20 int64 indices), int64 for index_add_all (its
-    ``scatter_add_`` takes no other). Formed in int32 and converted: AVX2 has no int64 multiply (emulated lane
-    by lane), and the int64 arithmetic took 2.1 against 0.35 ms per 2^20 weights eagerly and the compiled
-    one-hot backward kernel (sqs_core._fused, which traces this function) from 3.1–3.8 to 6.7–7.0 ms a chunk.
-    One ``add`` with ``alpha`` = K converts the window ids inside its loop (int32 + uint8 → int32): no int32 copy of
-    them and no product tensor (0.2–0.3 against 0.6–0.8 ms per 2^20 weights eagerly, session 41); eager only."""
-    # traced (inductor fuses it anyway), a 0-d K (alpha takes a number) or int64 ids: the product form
-    if torch.compiler.is_compiling() or isinstance(k, torch.Tensor) or window_ids.dtype not in _NARROW_IDS:
-        flat = window_ids.int() * k + levels.int()
-    else:
-        flat = torch.add(levels.int(), window_ids, alpha=k)
-    if out is not None:  # an int64 buffer (one_hot_workspace): no fresh T-sized int64 index per chunk
-        return out.copy_(flat)
-    return flat if dtype == torch.int32 else flat.to(dtype)
 
 
 def _full_levels(th, wid, means, log_stds, log_mix, spec, second):
@@ -301,17 +262,6 @@ def gather(source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return source.index_select(0, index.reshape(-1)).view(*index.shape, *source.shape[1:])
 
 
-def _one_hot_moments(flat, means, log_stds, second):
-    """(μ_{k*}, μ_{k*}² + σ_{k*}² or None) at flat component indices: the moments of a one-hot φ."""
-    m = means.detach().reshape(-1).index_select(0, flat)
-    return m, (_level_second_moment(m, flat, log_stds) if second else None)
-
-
-def _level_second_moment(m, flat, log_stds):
-    """μ² + σ² of the components at flat indices ``flat`` whose means are ``m``."""
-    return m * m + torch.exp(2 * log_stds.detach().reshape(-1).index_select(0, flat))
-
-
 def _full_moments(th, wid, means, log_stds, log_mix, spec, second):
     """(m, s or None, q = log π_k N_k(θ)) of the full (n, K) evaluation, each weight with its window's components."""
     mu, log_std = gather(means, wid), gather(log_stds, wid)  # gathered once: q and the moments share them
@@ -320,23 +270,6 @@ def _full_moments(th, wid, means, log_stds, log_mix, spec, second):
     m = (phi * mu).sum(-1)
     s = (phi * (mu * mu + torch.exp(2 * log_std))).sum(-1) if second else None
     return m, s, q
-
-
-def _one_hot_grads(param_grads, flat, cert, values, log_stds, buffers):
-    """The (accumulator, index, values) sums that scatter the certified weights' gradients onto μ_{k*} (and
-    log σ_{k*} when Var is used), for :func:`~sqs_core._index_add.index_add_all`: ∂θ^avg/∂μ_{k*} = λ̃; with
-    Var = λ̃ (μ² + σ²) − (λ̃ μ)² also ∂Var/∂μ = 2 λ̃ μ (1 − λ̃), ∂Var/∂log σ = 2 λ̃ σ². Uncertain weights
-    contribute zero here (their gradients come from the full path). ``values``: (∂L/∂θ^avg, ∂L/∂Var or None,
-    λ̃, m); the float64 sources go into ``buffers`` (∂/∂μ, ∂/∂log σ or None: :func:`one_hot_workspace`)."""
-    (g_means, g_log_stds, _), (gm, gv, lam, m) = param_grads, values
-    on = lam * cert  # torch.where(cert, λ̃, 0) (λ̃ ≥ 0: the same bits), faster (_gate_terms._gate_probs)
-    dm, sums = gm * on, []
-    if gv is not None:
-        gv = gv * on
-        dm = dm + 2 * gv * m * (1 - lam)
-        var = torch.exp(2 * log_stds.detach().reshape(-1).index_select(0, flat))
-        sums.append((g_log_stds, flat, buffers[1].copy_(2 * gv * var)))
-    return [*sums, (g_means, flat, buffers[0].copy_(dm))]
 
 
 def _full_grads(param_grads, g_theta, block: _Uncovered, leaves, spec):

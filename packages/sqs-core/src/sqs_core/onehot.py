@@ -204,7 +204,7 @@ def _near_widths(top_values, owner, kind, k, dtype):
 
 def _nearby_table(top_indices, bound_rows, near_width, owner, kind, k, dtype):
     """(B, :func:`table_columns`) int32 flat indices w·K + k of each bin's largest bounds, largest first (int32: see
-    chunked._flat_index). Every bin has its NARROW largest from ``top_indices``; a bin that needs more (its
+    _one_hot._flat_index). Every bin has its NARROW largest from ``top_indices``; a bin that needs more (its
     window's, paper formula, ``near_width`` 0 and K > NEARBY) gets its NEARBY largest from a topk of its own
     row of ``bound_rows``, and width NEARBY in ``near_width`` (in place) where the rest are negligible. Such bins
     are few (bunched means), and a topk of NEARBY + 1 over every bin took 51 against 34 ms for NARROW + 1 (65,536
