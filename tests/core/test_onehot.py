@@ -222,7 +222,7 @@ def test_settled_weights_and_their_gate_kl_match_the_full_formula(monkeypatch, s
     assert torch.allclose(mean.reshape(-1), lam * m, rtol=1e-9, atol=1e-12)
     assert torch.allclose(kl, ref_kl, rtol=1e-9)
     weights = torch.randn(mean.shape, generator=g, dtype=torch.float64)
-    ours, ref = (mean * weights).sum() + kl, (lam * m * weights.reshape(-1)).sum() + ref_kl
+    ours, ref = (mean * weights).sum() + 0.37 * kl, (lam * m * weights.reshape(-1)).sum() + 0.37 * ref_kl
     if second:
         s = (phi * (p.means[rows] ** 2 + torch.exp(2 * p.log_stds[rows]))).sum(-1)
         ref_var = lam * s - (lam * m) ** 2

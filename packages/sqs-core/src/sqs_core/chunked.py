@@ -19,11 +19,11 @@ import torch.nn.functional as F
 
 from ._gate_terms import (
     _gate_probs,
-    _kl_gate_grads,
     _kl_terms_sum,
     _variance,
     check_first_order,
     kl_accumulator,
+    kl_dlam,
     kl_grad,
     moments_dlam,
 )
@@ -220,8 +220,6 @@ class _PosteriorMoments(torch.autograd.Function):
             scaled, lam_raw, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
             gm, gv = grad_mean[a:b], (grad_var[a:b] if second else None)
             m, s, ck = one_hot.add(wid, kstar[a:b], classes[a:b], gm, gv, lam)
-            if ck is not None:
-                g_kl = _kl_gate_grads(scaled, lam_raw, lam, ck, spec.gate_temperature, spec.prior_keep, grad_kl)
             for u, width in blocks.get(a, []):
                 block = _Uncovered.gather(a, u, wid, theta[a:b], gm, gv, lam)
                 if width == ALL_LUMPED:
@@ -237,10 +235,10 @@ class _PosteriorMoments(torch.autograd.Function):
                 if s is not None:
                     s.index_copy_(0, u, s_u)
             dlam = moments_dlam(gm, gv, m, s, lam, spec.spike_variance)
+            if ck is not None:  # the gate KL's ∂/∂λ̃ joins before the common factor, as the compiled kernel has it
+                dlam.addcmul_(kl_dlam(scaled, ck, spec.prior_keep), grad_kl)
             dlam.mul_(lam).mul_(1 - lam_raw)  # times λ̃(1 − λ̃)/τ', 0 where masked
             torch.div(dlam, spec.gate_temperature, out=g_gate[a:b])
-            if ck is not None:
-                g_gate[a:b] += g_kl
         one_hot.into(param_grads, g_comp)
         if nearby is not None:
             nearby.into(param_grads)

@@ -28,6 +28,7 @@ __all__ = [
     "exp_floor",
     "flush_subnormals",
     "flush_subnormals_",
+    "gate_entropy",
     "gaussian_kl",
     "log_responsibilities",
     "zero_at_most_",
@@ -130,7 +131,13 @@ def bernoulli_kl_terms(scaled, keep, prior_logit, log_drop, tail=None):
     per 2^20 gates in a fresh process (three alternating pairs). e^{−|ℓ|} is raised to :func:`exp_floor` (3.2e-38
     in float32, where it was a subnormal or 0 for |ℓ| > 86.3: torch's slow exp path, 7–14× the time): the KL
     moves by at most (1 + |ℓ|) 3.2e-38, far below its float32 rounding."""
+    return gate_entropy(scaled, tail).add_(keep * prior_logit).neg_().sub_(log_drop)
+
+
+def gate_entropy(scaled, tail=None):
+    """H(λ̃) = log1p(e^{−|ℓ|}) + |ℓ| e^{−|ℓ|}/(1 + e^{−|ℓ|}) of λ̃ = sigmoid(ℓ), ℓ = ``scaled``, as
+    :func:`bernoulli_kl_terms` forms it (``tail``: e^{−|ℓ|} raised to :func:`exp_floor`, when the caller has it); a
+    new tensor."""
     magnitude = scaled.abs()
     tail = magnitude.neg().clamp_(min=exp_floor(magnitude.dtype)).exp_() if tail is None else tail
-    entropy = (tail / (1 + tail)).mul_(magnitude).add_(torch.log1p(tail))
-    return entropy.add_(keep * prior_logit).neg_().sub_(log_drop)
+    return (tail / (1 + tail)).mul_(magnitude).add_(torch.log1p(tail))
