@@ -5,8 +5,9 @@ In a bin where every component is lumped (onehot.ALL_LUMPED, the paper's formula
 q_c(θ) = log π_c − log σ_c − ½ log 2π − ½ (θ − μ_c)²/σ_c² over the bin's first onehot.LUMPED_SCAN ``nearby`` columns
 (sqs_core._nearby.lumped_moments), which the gate KL takes at k*. Where one column c wins at every θ of the
 (padded) bin, by more than rounding can move the q's, every weight of the bin has that k*: the bin is *settled*,
-and the compiled training step treats its weights like certified ones (one table lookup each, no index, no
-block kernel), with m = Σ_k μ_k / K in place of μ_{k*} and their gradients summed per window.
+and both training steps treat its weights like certified ones (one table lookup each, no index, no block;
+eagerly sqs_core._one_hot, compiled sqs_core._fused), with m = Σ_k μ_k / K in place of μ_{k*} and their gradients
+summed per window.
 
 q_c − q_d is a quadratic in θ, concave or linear unless σ_d < σ_c; its smallest value over [lo, hi] is at an end
 or, when convex, at its vertex clamped into the interval: the three points checked here. The margin: q is formed

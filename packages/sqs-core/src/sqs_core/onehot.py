@@ -26,8 +26,9 @@ Weights that are not certified (ties between two components, weights far from ev
 the paper's formula, large τ) take their bin's nearby components or the full K-component path in
 :mod:`sqs_core.chunked`. Under the paper's formula a bin where every component is lumped (:data:`ALL_LUMPED`:
 φ = 1/K exactly) and one component has the largest log π N at every θ of the bin (sqs_core._settled) is
-*settled* (:data:`LUMPED_SETTLED`): its weights' m = Σ_k μ_k / K and k* are the bin's, which the compiled step
-evaluates with the certified weights (a quarter of a trained 4096² layer's kept weights, late in training).
+*settled* (:data:`LUMPED_SETTLED`): its weights' m = Σ_k μ_k / K and k* are the bin's, which both training steps
+evaluate with the certified weights (a quarter of a trained 4096² layer's kept weights, late in training:
+sqs_core._one_hot, sqs_core._fused).
 """
 
 from __future__ import annotations
@@ -325,7 +326,7 @@ def uncovered_blocks(
     cuts them into classes at once. Against a ``nonzero`` per class over the uncovered (session 39's code), on
     the 3.7M uncovered weights of five classes of the 4096² layer's step-300 state: 35 against 52 ms (Intel
     Xeon, 2 threads). Weights of class :data:`LUMPED_SETTLED` come as ALL_LUMPED blocks, or with ``settled_inline``
-    (the compiled step, which evaluates them with the certified ones) not at all."""
+    (both training steps, which evaluate them with the certified ones) not at all."""
     last = LUMPED_SETTLED if settled_inline else CERTIFIED
     uncovered = flat_indices(classes, index_dtype, test=partial(torch.lt, other=last))
     groups = [(uncovered, 0)]
