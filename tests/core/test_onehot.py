@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import uncovered
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from sqs_core import _bounds, _indices, _nearby, chunked, onehot
+from sqs_core import _bounds, _indices, _nearby, _one_hot, chunked, onehot
 from sqs_core.mixture import bernoulli_kl, component_log_density, gaussian_kl, log_responsibilities
 from sqs_core.onehot import (
     ALL_LUMPED,
@@ -278,6 +278,20 @@ def test_flat_indices_with_a_test_match_the_full_mask(values, chunk, target):
 
 _CLASSES = [onehot.CERTIFIED, 0, ALL_LUMPED, onehot.LUMPED_SETTLED, *NEARBY_WIDTHS]
 _LUMPABLE = [ALL_LUMPED, onehot.LUMPED_SETTLED, *NEARBY_WIDTHS]  # BinTable.lumpable's order
+
+
+def test_the_one_hot_bit_marks_exactly_the_certified_and_settled_classes():
+    """The eager step's uint8 arithmetic on classes (sqs_core._one_hot.ONE_HOT_BIT): ``classes >> 7`` is 1 exactly
+    at CERTIFIED and LUMPED_SETTLED, and the settled mask OneHotLevels.entries forms is 1 exactly at LUMPED_SETTLED,
+    for every class classify can give."""
+    classes = torch.tensor(_CLASSES, dtype=torch.uint8)
+    one_hot = (classes >> _one_hot.ONE_HOT_BIT).tolist()
+    assert one_hot == [int(c in (onehot.CERTIFIED, onehot.LUMPED_SETTLED)) for c in _CLASSES]
+    levels = _one_hot.OneHotLevels.build(torch.zeros(2, 8), torch.zeros(2, 8), second=False)
+    zeros = torch.zeros(len(_CLASSES), dtype=torch.uint8)
+    entry, settled = levels.entries(zeros, zeros, classes)
+    assert settled.tolist() == [int(c == onehot.LUMPED_SETTLED) for c in _CLASSES]
+    assert entry.tolist() == [16 * int(c == onehot.LUMPED_SETTLED) for c in _CLASSES]  # + W·K where settled
 
 
 @given(

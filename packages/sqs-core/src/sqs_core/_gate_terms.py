@@ -45,8 +45,23 @@ def _gate_probs(gate_logits: torch.Tensor, mask: torch.Tensor, gate_temperature:
     lam_raw = torch.sigmoid(scaled)
     # λ̃ · mask, not torch.where: the same bits (λ̃ ≥ 0, so a pruned one is +0), and 4–6× faster on a CPU under
     # the schedule's mask, whose random pattern defeats where's branches (2.5–4 against 0.6 ms per 2^20)
-    lam = lam_raw * mask
+    lam = lam_raw * as_factor(mask)
     return scaled, lam_raw, zero_at_most_(lam, GATE_FLOOR)
+
+
+def as_factor(mask: torch.Tensor) -> torch.Tensor:
+    """A bool ``mask`` as a factor of float products: eagerly its uint8 view, the same 0/1 and the same bits (x × 0
+    keeps x's sign either way); a float × bool product took 0.25–0.31 ms per 2^20 on the CPU against 0.095 ms by the
+    uint8 view (session 43). Traced (inductor fuses either) or not bool: the mask itself."""
+    if mask.dtype != torch.bool or torch.compiler.is_compiling():
+        return mask
+    return mask.view(torch.uint8)
+
+
+def sum64(values: torch.Tensor) -> torch.Tensor:
+    """Σ ``values`` in float64: converted first, then summed (``sum(dtype=torch.float64)`` of a float32 tensor took
+    0.18–0.33 ms per 2^20 on the CPU against 0.12 ms; session 43)."""
+    return values.double().sum()
 
 
 def moments_dlam(grad_mean, grad_var, m, s, lam, spike_variance):
@@ -91,11 +106,11 @@ def _kl_terms_sum(scaled, lam, mask, ck, prior_keep):
     forced to zero has λ̃ = 0 and the constant −log(1 − λ)). The Bernoulli terms are not formed one by one:
     Σ_i KL(Bern(λ̃_i)‖Bern(λ)) = −Σ_{i kept} H(λ̃_i) − logit λ Σ_i λ̃_i − T log(1 − λ) (eq. approx_elbo's
     −H − λ̃ logit λ − log(1 − λ) per gate; λ̃ = 0 where masked), four passes over the gates fewer a chunk."""
-    total = (lam * ck).sum(dtype=torch.float64)
+    total = sum64(lam * ck)
     if prior_keep is not None:
         prior_logit = math.log(prior_keep) - math.log1p(-prior_keep)
-        kept_entropy = gate_entropy(scaled).mul_(mask).sum(dtype=torch.float64)  # H is finite for finite ℓ
-        total -= kept_entropy + prior_logit * lam.sum(dtype=torch.float64) + lam.numel() * math.log1p(-prior_keep)
+        kept_entropy = sum64(gate_entropy(scaled).mul_(as_factor(mask)))  # H is finite for finite ℓ
+        total -= kept_entropy + prior_logit * sum64(lam) + lam.numel() * math.log1p(-prior_keep)
     return total
 
 

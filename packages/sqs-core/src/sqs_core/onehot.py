@@ -302,11 +302,14 @@ def classify(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTable, kee
     # 1-D gathers from contiguous rows (B floats each): 2.5× faster than one of (B, 2) rows and a copy
     mean, radius = (row.index_select(0, b) for row in table.mean_radius)
     owns = owns_bin(table, b, window_ids)
-    certified = ((theta - mean).abs() <= radius) & owns
+    certified, widths = (theta - mean).abs() <= radius, table.near_width.index_select(0, b)
+    if owns is not True:  # several windows (with one, an & with True copied the mask: 0.29 ms per 2^20)
+        certified &= owns
+        widths *= owns
     if keep is not None:
         certified |= ~keep  # 50× faster than a masked_fill_ of the classes by a random mask
     # torch.where(certified, CERTIFIED, width) as an OR with 0 or 255 (= CERTIFIED, every bit): 11× faster
-    classes = (table.near_width.index_select(0, b) * owns).bitwise_or_(certified.view(torch.uint8) * CERTIFIED)
+    classes = widths.bitwise_or_(certified.view(torch.uint8) * CERTIFIED)
     return table.best.index_select(0, b), mean, classes
 
 
