@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqs_core import selection
-from sqs_core._forward_cache import any_returning
+from sqs_core._mask_write import any_returning
 from sqs_core.selection import keep_top_fraction
 from strategies import nonzero_rates
 from torch import nn

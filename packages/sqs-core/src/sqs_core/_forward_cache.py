@@ -19,7 +19,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SharedMoments", "any_returning", "sole_owner", "tensor_key"]
+__all__ = ["SharedMoments", "tensor_key"]
 
 
 def tensor_key(tensors: Sequence[torch.Tensor]) -> tuple:
@@ -27,24 +27,6 @@ def tensor_key(tensors: Sequence[torch.Tensor]) -> tuple:
     tensor (an optimizer step, ``copy_``, ``load_state_dict``), by replacing it (a new mask buffer, ``.to()``)
     and by ``torch.func.functional_call``'s substitutes."""
     return tuple((t.data_ptr(), t._version) for t in tensors)
-
-
-def sole_owner(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` alone holds its storage: no view of it, no autograd graph that saved it (a saved view or a
-    forward's pending gate KL), no state dict's detached alias. An in-place write into it is then seen by nobody
-    else. False where this torch cannot tell (no ``torch._C._storage_Use_Count``) and for tensor subclasses."""
-    count = getattr(torch._C, "_storage_Use_Count", None)
-    if count is None or type(tensor) is not torch.Tensor:
-        return False
-    storage = tensor.untyped_storage()
-    return bool(count(storage._cdata) == 2)  # ``tensor``'s own reference and ``storage``'s
-
-
-def any_returning(new: torch.Tensor, old: torch.Tensor, chunk: int = 1 << 20) -> bool:
-    """Whether a bool mask ``new`` keeps a weight ``old`` pruned, compared ``chunk`` entries at a time (no T-sized
-    temporary). A forward's k* of a pruned weight is its bin's best, not its argmax (onehot.classify's keep)."""
-    pairs = zip(new.reshape(-1).split(chunk), old.reshape(-1).split(chunk), strict=True)
-    return any(bool(torch.gt(n, o).any()) for n, o in pairs)
 
 
 class SharedMoments:

@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from ._checks import F32_STD_MIN, check_int
-from ._forward_cache import SharedMoments, any_returning, log_other_tensors, pointers, sole_owner, tensor_key
+from ._forward_cache import SharedMoments, log_other_tensors, pointers, tensor_key
 from ._gate_kl import gate_kl
+from ._mask_write import any_returning, sole_owner
 from ._posterior_init import initial_gate_logits, initial_mixtures
 from ._window_load import take_window_count
 from .chunked import (
