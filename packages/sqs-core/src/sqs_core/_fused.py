@@ -48,7 +48,7 @@ from ._nearby import NearbyTables, TableGradients
 from ._one_hot import _flat_index, one_hot_workspace
 from ._settled import fold_settled, level_tables
 from .chunked import _chunk_ranges, chunk_elements
-from .mixture import bernoulli_kl_terms, exp_floor, flush_subnormals
+from .mixture import bernoulli_kl_terms, exp_floor, flush_subnormals, prior_logit
 from .onehot import ALL_LUMPED, CERTIFIED, bin_of, bin_table, columns_of, uncovered_blocks
 
 __all__ = ["KERNELS", "FusedPosteriorMoments", "gate_kl_chunk_grads", "gate_kl_total"]
@@ -253,7 +253,7 @@ def _prior_logs(prior_keep):
 
 def _prior_logit(prior_keep):
     """logit λ as a kernel input, or None without a Bernoulli term."""
-    return None if prior_keep is None else _scalar(math.log(prior_keep) - math.log1p(-prior_keep))
+    return None if prior_keep is None else _scalar(prior_logit(prior_keep))
 
 
 def _chunk_divisor(device: torch.device) -> int:

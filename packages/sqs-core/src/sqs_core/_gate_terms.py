@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .mixture import gate_entropy, zero_at_most_
+from .mixture import gate_entropy, prior_logit, zero_at_most_
 
 
 def check_first_order() -> None:
@@ -108,9 +108,8 @@ def _kl_terms_sum(scaled, lam, mask, ck, prior_keep):
     −H − λ̃ logit λ − log(1 − λ) per gate; λ̃ = 0 where masked), four passes over the gates fewer a chunk."""
     total = sum64(lam * ck)
     if prior_keep is not None:
-        prior_logit = math.log(prior_keep) - math.log1p(-prior_keep)
         kept_entropy = sum64(gate_entropy(scaled).mul_(as_factor(mask)))  # H is finite for finite ℓ
-        total -= kept_entropy + prior_logit * sum64(lam) + lam.numel() * math.log1p(-prior_keep)
+        total -= kept_entropy + prior_logit(prior_keep) * sum64(lam) + lam.numel() * math.log1p(-prior_keep)
     return total
 
 
@@ -119,7 +118,7 @@ def kl_dlam(scaled, ck, prior_keep):
     (no ℓ − logit λ when ``prior_keep`` is None: the Gaussian prior); a new tensor."""
     if prior_keep is None:
         return ck.clone()
-    return (scaled - (math.log(prior_keep) - math.log1p(-prior_keep))).add_(ck)
+    return (scaled - prior_logit(prior_keep)).add_(ck)
 
 
 def _kl_gate_grads(scaled, lam_raw, lam, ck, tau, prior_keep, grad):

@@ -31,6 +31,7 @@ __all__ = [
     "gate_entropy",
     "gaussian_kl",
     "log_responsibilities",
+    "prior_logit",
     "zero_at_most_",
 ]
 
@@ -118,8 +119,12 @@ def bernoulli_kl(gate_logits_scaled: torch.Tensor, prior_keep: float, keep: torc
     any ℓ, elementwise: :func:`bernoulli_kl_terms`."""
     if keep is None:
         keep = torch.sigmoid(gate_logits_scaled)
-    prior_logit = math.log(prior_keep) - math.log1p(-prior_keep)
-    return bernoulli_kl_terms(gate_logits_scaled, keep, prior_logit, math.log1p(-prior_keep))
+    return bernoulli_kl_terms(gate_logits_scaled, keep, prior_logit(prior_keep), math.log1p(-prior_keep))
+
+
+def prior_logit(prior_keep: float) -> float:
+    """logit λ = log λ − log(1 − λ) of the spike-and-slab prior's keep probability λ (eq. marginal_prior)."""
+    return math.log(prior_keep) - math.log1p(-prior_keep)
 
 
 def bernoulli_kl_terms(scaled, keep, prior_logit, log_drop, tail=None):
