@@ -13,7 +13,7 @@ import pytest
 import sqs_core as sqs
 import torch
 from sqs_core import _fused, chunked
-from sqs_core.onehot import ALL_LUMPED, NEARBY_WIDTHS
+from sqs_core.onehot import ALL_LUMPED, NARROW_WIDTHS
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
 from uncovered import evaluated_components, log_densities64, settled_count, uncovered_counts, uncovered_mask
@@ -85,7 +85,7 @@ def test_compiled_values_and_gradients_match_eager(small_chunks, case):
     eager, compiled = _posterior(settings, False), _posterior(settings, True)
     fraction = compiled.certified_fraction()
     assert 0.2 < fraction < 1.0  # both the certified and the uncovered paths run
-    widths = {w for w in NEARBY_WIDTHS if w < settings["num_components"]}  # K = 20: all but 32
+    widths = {w for w in NARROW_WIDTHS if w < settings["num_components"]}  # K = 20: no wide bins (K ≤ NEARBY)
     assert set(uncovered_counts(compiled)) == ({0, *widths} if nearby else {0})  # every kind of block runs
     before = {name: kernel.calls for name, kernel in _fused.KERNELS.items()}
     want, want_kstar = _values_and_grads(eager, second)
@@ -136,22 +136,25 @@ def _assert_paths_agree(want, got):
 @pytest.mark.parametrize("second", [False, True])
 def test_compiled_matches_eager_on_bins_of_every_nearby_width(monkeypatch, second, widen):
     """Components about as wide as the gaps between them (K = 64, the paper's formula, log σ + ``widen`` = 0.8):
-    most weights are uncovered, in bins of every nearby width, 32 included (those bins' components come from a
-    topk of their own, onehot._nearby_table; compiled, _fused_uncovered's rolled kernels); narrow ones (−2.5):
+    most weights are uncovered, in bins of every narrow width and of several wide ones (above 16: those bins'
+    components come from a topk of their own, onehot._nearby_table, their widths from sqs_core._wide; compiled,
+    _fused_uncovered's rolled kernels, one graph for every width); narrow ones (−2.5):
     most in bins of width 4 or where every component is lumped (onehot.ALL_LUMPED). Values, k* and gradients
     of both paths agree."""
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 1024)  # several chunks, each with blocks of every width
     eager, compiled = _eager_and_compiled(64, widen)
     counts = uncovered_counts(compiled)
-    kinds = NEARBY_WIDTHS if widen > 0 else (4, ALL_LUMPED)
+    kinds = NARROW_WIDTHS if widen > 0 else (4, ALL_LUMPED)
     assert all(counts.get(width, 0) > (10 if widen > 0 else 500) for width in kinds), counts
+    wide = {width for width in counts if width > NARROW_WIDTHS[-1]}  # widths chosen per table (sqs_core._wide)
+    assert widen < 0 or (len(wide) > 1 and sum(counts[width] for width in wide) > 20), counts
     assert widen > 0 or settled_count(compiled) > 100  # compiled: settled all-lumped weights with the certified
     want = _values_and_grads(eager, second)
     before = {name: kernel.calls for name, kernel in _fused.KERNELS.items()}
     got = _values_and_grads(compiled, second)
     calls = {name: kernel.calls - before[name] for name, kernel in _fused.KERNELS.items()}
     special = ("_rolled_forward", "_rolled_vjp") if widen > 0 else ("_lumped_forward", "_lumped_backward")
-    assert all(calls[name] > 0 for name in special), calls  # width 32: rolled kernels; all lumped: their own
+    assert all(calls[name] > 0 for name in special), calls  # wide: rolled kernels; all lumped: their own
     _assert_paths_agree(want, got)
 
 

@@ -16,6 +16,7 @@ from sqs_core.mixture import bernoulli_kl, component_log_density, gaussian_kl, l
 from sqs_core.onehot import (
     ALL_LUMPED,
     CERTIFY_MARGIN,
+    NARROW_WIDTHS,
     NEARBY_WIDTHS,
     bin_table,
     certify_one_hot,
@@ -109,11 +110,13 @@ def test_ties_take_the_full_path_and_still_match(monkeypatch):
 @pytest.mark.parametrize("train_weight", [False, True])
 def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, windows, second, narrowing, train_weight):
     """Under the paper's formula a weight far from every component has a near-uniform φ (not certified);
-    when all but 4, 8, 16 or 32 (NEARBY_WIDTHS) components have e^{π N} = 1 in the working precision it is
-    evaluated on those and one lumped term. Narrower components (``narrowing``: log σ shift) leave fewer
+    when all but 4, 8 or 16 (onehot.NARROW_WIDTHS), or up to 32 (wide bins, widths chosen per table:
+    sqs_core._wide), components have e^{π N} = 1 in the working precision it is evaluated on those and one
+    lumped term. Narrower components (``narrowing``: log σ shift) leave fewer
     that matter: 2.5 puts every such weight in a bin of width 4 or where every component is lumped
     (onehot.ALL_LUMPED: φ = 1/K, m = Σ_k μ_k / K); −0.8 (wider) spreads them over bins of
-    every width; −1.0 leaves more than 32 in some bins (all K) beside many of width 32. With ``train_weight``
+    every narrow width and several wide ones; −1.0 leaves more than 32 in some bins (all K) beside many wide
+    ones. With ``train_weight``
     the gradient reaches θ too."""
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 256)
     g = torch.Generator().manual_seed(3)
@@ -129,13 +132,14 @@ def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, wi
         p.mask.view(-1)[::7] = False
     counts = uncovered_counts(p)
     near = {w: counts[w] for w in NEARBY_WIDTHS}
+    wide = sum(counts[w] for w in NEARBY_WIDTHS if w > NARROW_WIDTHS[-1])  # in bins of widths chosen per table
     assert sum(near.values()) > 100  # the nearby path is exercised
     if narrowing == 2.5:
         assert counts[ALL_LUMPED] > 50, counts
     if narrowing == -0.8:
-        assert all(count > 10 for count in near.values()), near  # at every width
+        assert all(near[w] > 10 for w in NARROW_WIDTHS) and wide > 10, counts  # at every narrow width, and wide
     if narrowing == -1.0:
-        assert near[NEARBY_WIDTHS[-1]] > 100 and counts[0] > 30, counts  # the widest, and all K beside it
+        assert wide > 100 and counts[0] > 30, counts  # wide bins, and all K beside them
     _assert_matches_the_full_formula(p, second, g)
 
 

@@ -11,7 +11,7 @@ weights: λ̃ = sigmoid(s̃/τ') (eq. lambda-prime), the one-hot certificate (:m
 * moments backward: gate, one-hot gradients, the gate KL's gradients, ∂/∂s̃: one kernel per chunk of
   chunked.chunk_elements weights;
 * the weights the certificate does not cover (sqs_core._fused_uncovered): in forward, a block of weights in
-  lumpable bins is one kernel that gathers its inputs, looks up its bins' 4, 8, 16 or 32 nearby components and evaluates
+  lumpable bins is one kernel that gathers its inputs, looks up its bins' 4 to 32 nearby components and evaluates
   φ with the loop over components unrolled (a block of weights whose every component is lumped: m = Σ_k μ_k / K,
   one kernel forward and one backward); the other uncovered weights, φ on all K with the components
   along the first dimension so that the reductions over k vectorise along the weights. Backward recomputes

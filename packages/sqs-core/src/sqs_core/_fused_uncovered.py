@@ -26,7 +26,7 @@ from .mixture import HALF_LOG_2PI, PAPER_CLAMP, flush_subnormals
 from .onehot import ALL_LUMPED, bin_of
 
 UNROLLED_MAX = 16
-"""The widest block of nearby components evaluated by the unrolled kernels; wider ones (onehot.NEARBY = 32) take
+"""The widest block of nearby components evaluated by the unrolled kernels; wider ones (up to onehot.NEARBY = 32) take
 sqs_core._nearby's (width, n) evaluation compiled as a whole, its loop over the components rolled
 (:func:`_rolled_forward`, :func:`_rolled_vjp`). Unrolled, width 32's forward and backward kernels took 172 and
 295 s to compile in float32 (longer in float64) on session 33's Intel Xeon, against 10–20 s for width 16.

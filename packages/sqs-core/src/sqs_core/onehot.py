@@ -44,6 +44,7 @@ from ._bounds import _blocked_bin_bounds, _peak_log_density
 from ._indices import flat_indices, grouped_by_class
 from ._nearby import nearby_tables
 from ._settled import settled_columns, window_mean
+from ._wide import wide_widths
 from .mixture import PAPER_CLAMP
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "CERTIFY_MARGIN",
     "LUMPED_SCAN",
     "LUMPED_SETTLED",
+    "NARROW_WIDTHS",
     "NEARBY",
     "NEARBY_WIDTHS",
     "BinTable",
@@ -73,8 +75,10 @@ __all__ = [
 
 CERTIFY_MARGIN = 40.0  # nats: every non-winning φ_j ≤ e^{-40} on a certified weight
 NEARBY = 32  # components an uncovered weight is evaluated on when the others are negligible (paper formula)
-NEARBY_WIDTHS = (4, 8, 16, NEARBY)  # a bin takes the narrowest of these that leaves only negligible components out
-NARROW = 16  # every bin's table holds its NARROW + 1 largest bounds; only the bins that need more, the NEARBY + 1
+NARROW_WIDTHS = (4, 8, 16)  # a bin takes the narrowest of these that leaves only negligible components out
+NARROW = NARROW_WIDTHS[-1]  # every bin's table holds its NARROW + 1 largest bounds; the bins that need more, NEARBY + 1
+NEARBY_WIDTHS = (*NARROW_WIDTHS, *range(NARROW + 1, NEARBY + 1))  # every width a bin can take; above NARROW, at
+# most _wide.WIDE_CLASSES of them in one table, chosen from its bins' needs (_nearby_table)
 CERTIFIED = 255  # the class (:func:`classify`) of a certified weight
 ALL_LUMPED = 1  # the class of a weight in a bin where every component is lumped (paper formula): φ = 1/K exactly
 LUMPED_SCAN = NEARBY_WIDTHS[0]  # an ALL_LUMPED weight's k*: the argmax of log π N over its bin's first columns
@@ -188,7 +192,7 @@ def _settle(near_width, best, mean_radius, nearby, edges, params):
 
 
 def _near_widths(top_values, owner, kind, k, dtype):
-    """(B,) uint8: per bin the narrowest w in NEARBY_WIDTHS up to NARROW whose (w+1)-th largest bound Q_bk is at
+    """(B,) uint8: per bin the narrowest w in NARROW_WIDTHS whose (w+1)-th largest bound Q_bk is at
     most :func:`lump_log_density` (0: none; :func:`_nearby_table` gives the wider ones). Under the paper's
     formula a component whose e^{π N} rounds to 1 shares one φ with all such, so the bin's weights need only
     their w largest components plus one lumped term. :data:`ALL_LUMPED` where even the largest bound is that
@@ -197,7 +201,7 @@ def _near_widths(top_values, owner, kind, k, dtype):
     if kind != "paper":
         return widths
     owned, lump = owner >= 0, lump_log_density(dtype)
-    for w in sorted((w for w in NEARBY_WIDTHS if w <= NARROW), reverse=True):  # the narrowest that fits wins
+    for w in sorted(NARROW_WIDTHS, reverse=True):  # the narrowest that fits wins
         if k > w:
             widths.masked_fill_(owned & (top_values[:, w] <= lump), w)
     return widths.masked_fill_(owned & (top_values[:, 0] <= lump), ALL_LUMPED)
@@ -207,9 +211,10 @@ def _nearby_table(top_indices, bound_rows, near_width, owner, kind, k, dtype):
     """(B, :func:`table_columns`) int32 flat indices w·K + k of each bin's largest bounds, largest first (int32: see
     _one_hot._flat_index). Every bin has its NARROW largest from ``top_indices``; a bin that needs more (its
     window's, paper formula, ``near_width`` 0 and K > NEARBY) gets its NEARBY largest from a topk of its own
-    row of ``bound_rows``, and width NEARBY in ``near_width`` (in place) where the rest are negligible. Such bins
-    are few (bunched means), and a topk of NEARBY + 1 over every bin took 51 against 34 ms for NARROW + 1 (65,536
-    bins × 64 components, Intel Xeon, 2 threads). The columns past NARROW of the other bins are never read."""
+    row of ``bound_rows``, and in ``near_width`` (in place), where at most NEARBY components matter, one of the
+    widths sqs_core._wide chooses for this table's wide bins (0: all K). Such bins are few (bunched means), and a
+    topk of NEARBY + 1 over every bin took 51 against 34 ms for NARROW + 1 (65,536 bins × 64 components, Intel
+    Xeon, 2 threads). The columns past NARROW of the other bins are never read."""
     row, columns = owner.clamp(min=0), table_columns(k, kind)
     nearby = torch.empty((row.numel(), columns), dtype=torch.int32, device=row.device)
     narrow = min(NARROW, columns)
@@ -221,8 +226,8 @@ def _nearby_table(top_indices, bound_rows, near_width, owner, kind, k, dtype):
     if wide.numel():
         top = torch.topk(bound_rows.index_select(0, wide), NEARBY + 1, dim=1)
         nearby[wide] = (top.indices[:, :NEARBY] + row[wide, None] * k).int()
-        fits = top.values[:, NEARBY] <= lump_log_density(dtype)
-        near_width[wide] = torch.where(fits, NEARBY, 0).to(near_width.dtype)
+        need = (top.values > lump_log_density(dtype)).sum(1)  # > NARROW; NEARBY + 1: more than NEARBY matter
+        near_width[wide] = wide_widths(need, NARROW, NEARBY)
     return nearby
 
 
@@ -352,14 +357,14 @@ def bin_components(table: BinTable, theta: torch.Tensor, width: int) -> torch.Te
 
 
 def table_columns(k: int, kind: str = "paper") -> int:
-    """Columns of a bin table's ``nearby`` for K = ``k``: the widest class of NEARBY_WIDTHS a bin can take
-    (w < K, :func:`_near_widths`), at least :data:`LUMPED_SCAN`; none for the standard responsibility, whose
-    uncovered weights take all K. The table lives from a training forward to its
-    backward for every layer at once: 65,536 bins × 32 int32 columns are 8 MiB, six times the weights of a
+    """Columns of a bin table's ``nearby`` for K = ``k``: the widest width a bin can take (w < K in NARROW_WIDTHS,
+    NEARBY where K > NEARBY: :func:`_nearby_table`), at least :data:`LUMPED_SCAN`; none for the standard
+    responsibility, whose uncovered weights take all K. The table lives from a training forward to its backward
+    for every layer at once: 65,536 bins × 32 int32 columns are 8 MiB, six times the weights of a
     576 × 576 layer, and held by each of a 30-block language model's 211 layers they were 1.7 GB."""
     if kind != "paper":
         return 0
-    return max([LUMPED_SCAN, *(w for w in NEARBY_WIDTHS if w < k)])
+    return max([LUMPED_SCAN, *(w for w in NARROW_WIDTHS if w < k), *([NEARBY] if k > NEARBY else [])])
 
 
 def columns_of(width: int) -> int:
