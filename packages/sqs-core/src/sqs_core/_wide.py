@@ -8,7 +8,7 @@ table, so that the columns summed over its wide bins are fewest: an exact dynami
 NEARBY − NARROW) distinct needs, each bin then taking the narrowest chosen width that holds its need.
 
 On the 4096² layer's step-300 state (K = 64, session 44) every wide bin needed 17 components: 151k weights
-had been evaluated at width 32 (a third of all nearby columns); at 17 the nearby evaluation took 188 against
+had been evaluated at width 32 (a third of all nearby columns); at 17 the nearby evaluation took 189 against
 232 ms a step (AMD EPYC, 2 threads), at a fixed 20 it took 207.
 """
 
