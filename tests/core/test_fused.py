@@ -13,7 +13,7 @@ import pytest
 import sqs_core as sqs
 import torch
 from sqs_core import _fused, chunked
-from sqs_core.onehot import ALL_LUMPED, NARROW_WIDTHS
+from sqs_core.onehot import ALL_LUMPED, NARROW, NARROW_WIDTHS
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
 from uncovered import evaluated_components, log_densities64, settled_count, uncovered_counts, uncovered_mask
@@ -146,7 +146,7 @@ def test_compiled_matches_eager_on_bins_of_every_nearby_width(monkeypatch, secon
     counts = uncovered_counts(compiled)
     kinds = NARROW_WIDTHS if widen > 0 else (4, ALL_LUMPED)
     assert all(counts.get(width, 0) > (10 if widen > 0 else 500) for width in kinds), counts
-    wide = {width for width in counts if width > NARROW_WIDTHS[-1]}  # widths chosen per table (sqs_core._wide)
+    wide = {width for width in counts if width > NARROW}  # widths chosen per table (sqs_core._wide)
     assert widen < 0 or (len(wide) > 1 and sum(counts[width] for width in wide) > 20), counts
     assert widen > 0 or settled_count(compiled) > 100  # compiled: settled all-lumped weights with the certified
     want = _values_and_grads(eager, second)

@@ -15,6 +15,7 @@ from sqs_core.mixture import bernoulli_kl, component_log_density, gaussian_kl, l
 from sqs_core.onehot import (
     ALL_LUMPED,
     CERTIFY_MARGIN,
+    NARROW,
     NARROW_WIDTHS,
     NEARBY_WIDTHS,
     bin_table,
@@ -130,7 +131,7 @@ def test_far_weights_on_nearby_components_match_the_full_formula(monkeypatch, wi
         p.mask.view(-1)[::7] = False
     counts = uncovered_counts(p)
     near = {w: counts[w] for w in NEARBY_WIDTHS}
-    wide = sum(counts[w] for w in NEARBY_WIDTHS if w > NARROW_WIDTHS[-1])  # in bins of widths chosen per table
+    wide = sum(counts[w] for w in NEARBY_WIDTHS if w > NARROW)  # in bins of widths chosen per table
     assert sum(near.values()) > 100  # the nearby path is exercised
     if narrowing == 2.5:
         assert counts[ALL_LUMPED] > 50, counts

@@ -139,11 +139,10 @@ class _PosteriorMoments(torch.autograd.Function):
     Weights certified one-hot (:mod:`sqs_core.onehot`) cost O(1) each: θ^avg = λ̃ μ_{k*}, and their
     gradients are scattered onto μ_{k*} (and σ_{k*} for Var). The rest are evaluated on their bin's 4, 8,
     16 or (sqs_core._wide) up to 32 nearby components plus one lumped term where the paper's formula allows it
-    exactly (sqs_core._nearby,
-    its backward derived by hand; where every component is lumped, m = Σ_k μ_k / K with no evaluation, and where
-    moreover the bin settles one k*, with the certified weights: sqs_core._one_hot), else on
-    all K (autograd); both recomputed in backward, at the indices the
-    forward found (kept as int32). Windows are handled by gathering each weight's row of (W, K) parameters.
+    exactly (sqs_core._nearby, its backward derived by hand; where every component is lumped, m = Σ_k μ_k / K with
+    no evaluation, and where moreover the bin settles one k*, with the certified weights: sqs_core._one_hot), else
+    on all K (autograd); both recomputed in backward, at the indices the forward found (kept as int32). Windows
+    are handled by gathering each weight's row of (W, K) parameters.
     With ``component_kl`` the gate KL (eq. approx_elbo) at these k* is summed in the same chunk loop and
     its gradients, ∂/∂s̃ and Σ λ̃ per component, are added in the same backward loop: one autograd node
     and one T-sized ∂/∂s̃ instead of two.

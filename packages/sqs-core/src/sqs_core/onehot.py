@@ -53,6 +53,7 @@ __all__ = [
     "CERTIFY_MARGIN",
     "LUMPED_SCAN",
     "LUMPED_SETTLED",
+    "NARROW",
     "NARROW_WIDTHS",
     "NEARBY",
     "NEARBY_WIDTHS",
