@@ -28,25 +28,28 @@ def parse_case(text: str) -> tuple[str, int, int]:
     return kind, int(batch), 4 if kind == "resnet20" else 64
 
 
+class BasicBlock(nn.Module):
+    """A CIFAR ResNet block with an option-A (zero-padded, strided) shortcut; at module level so that a
+    prepared model pickles (bench_step_late.py saves one)."""
+
+    def __init__(self, i: int, o: int, stride: int) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(i, o, 3, stride, 1, bias=False), nn.BatchNorm2d(o)
+        self.c2, self.b2 = nn.Conv2d(o, o, 3, 1, 1, bias=False), nn.BatchNorm2d(o)
+        self.pad, self.stride = (o - i) // 2, stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b2(self.c2(F.relu(self.b1(self.c1(x)))))
+        shortcut = x if self.pad == 0 and self.stride == 1 else F.pad(x[:, :, ::2, ::2], (0,) * 4 + (self.pad,) * 2)
+        return F.relu(y + shortcut)
+
+
 def resnet20() -> nn.Module:
     """He et al.'s CIFAR ResNet-20 (option-A shortcuts, 16/32/64 channels), random weights."""
-
-    class Block(nn.Module):
-        def __init__(self, i, o, stride):
-            super().__init__()
-            self.c1, self.b1 = nn.Conv2d(i, o, 3, stride, 1, bias=False), nn.BatchNorm2d(o)
-            self.c2, self.b2 = nn.Conv2d(o, o, 3, 1, 1, bias=False), nn.BatchNorm2d(o)
-            self.pad, self.stride = (o - i) // 2, stride
-
-        def forward(self, x):
-            y = self.b2(self.c2(F.relu(self.b1(self.c1(x)))))
-            shortcut = x if self.pad == 0 and self.stride == 1 else F.pad(x[:, :, ::2, ::2], (0,) * 4 + (self.pad,) * 2)
-            return F.relu(y + shortcut)
-
     layers, i = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()], 16
     for o, stride in ((16, 1), (32, 2), (64, 2)):
         for j in range(3):
-            layers.append(Block(i, o, stride if j == 0 else 1))
+            layers.append(BasicBlock(i, o, stride if j == 0 else 1))
             i = o
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
 
@@ -68,13 +71,15 @@ def build(kind: str, batch: int, device: torch.device, seed: int = 0):
     return model, x, lambda out: F.mse_loss(out, target)
 
 
-def training(model: nn.Module, loss_fn: Callable, mode: str, k: int):
+def training(model: nn.Module, loss_fn: Callable, mode: str, k: int, *, prepared: bool = False):
     """(optimizer, loss of an output) for a ``plain`` step or an SQS one (``sqs``, or ``sqs-compiled``:
-    ``compile_kernels=True``); SQS modes prepare ``model`` in place first."""
+    ``compile_kernels=True``); SQS modes prepare ``model`` in place first, unless ``prepared`` (an SQS model
+    loaded from a checkpoint: only its objective and optimizer are made)."""
     if mode == "plain":
         return torch.optim.AdamW(model.parameters(), lr=1e-4), loss_fn
-    config = sqs.SQSConfig(num_components=k, windows="outlier", compile_kernels=mode == "sqs-compiled")
-    sqs.prepare_(model, config)
+    if not prepared:
+        config = sqs.SQSConfig(num_components=k, windows="outlier", compile_kernels=mode == "sqs-compiled")
+        sqs.prepare_(model, config)
     objective = sqs.Objective(model, num_data=50000)
     return torch.optim.AdamW(sqs.param_groups(model, other_lr=1e-3)), lambda out: objective(loss_fn(out))
 

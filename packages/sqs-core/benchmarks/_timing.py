@@ -26,6 +26,29 @@ def best_seconds(fn: Callable[[], object], repeats: int, *, warmup: bool = False
     return best
 
 
+def restart_peak_rss() -> bool:
+    """Linux: restart this process's VmHWM (peak RSS) from its current RSS, through /proc/self/clear_refs, so that
+    :func:`peak_rss_mib` then reports the peak of what runs after; False where that file is not there."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss_mib() -> float | None:
+    """This process's VmHWM in MiB (Linux), None where /proc/self/status does not give it."""
+    try:
+        with open("/proc/self/status", encoding="utf-8") as status:
+            for line in status:
+                if line.startswith("VmHWM"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
 def write_json(path: Path | str, data: object, *, indent: int = 2) -> None:
     """``data`` as JSON (and a final newline) at ``path``, its folder made if missing, written whole or not at
     all by sqs-core's atomic writer (sqs_core.files: temporary file beside it, fsync, rename), so an

@@ -49,6 +49,7 @@ CASE = r"""
 import json, resource, sys, time, torch
 sys.path.insert(0, sys.argv[8])  # this folder: _step_models
 from _step_models import build, certified_fraction, training
+from _timing import peak_rss_mib, restart_peak_rss
 kind, mode, batch, k, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 dev = torch.device(sys.argv[6]); cuda = dev.type == "cuda"; zero_grad_first = sys.argv[7] == "first"
 sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -57,19 +58,10 @@ opt, loss_of = training(model, loss_fn, mode, k)
 base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 if cuda:  # the steps' own peak of allocated tensor memory (prepare_'s K-means reported apart)
     sync(); setup_peak = torch.cuda.max_memory_allocated(); torch.cuda.reset_peak_memory_stats()
-def reset_hwm():  # Linux: VmHWM (this process's peak RSS) restarts from the current RSS
-    try:
-        with open("/proc/self/clear_refs", "w") as f: f.write("5")
-        return True
-    except OSError:
-        return False
-def hwm_mib():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM"): return int(line.split()[1]) / 1024
 times, steps_hwm = [], False
 for r in range(repeats + 1):
     if r == 1:  # the later steps' own peak, without the first step's one-time work (compiling, loading kernels)
-        steps_hwm = reset_hwm()
+        steps_hwm = restart_peak_rss()
     sync(); t = time.perf_counter()
     if zero_grad_first:  # pytorch/examples' order: the last step's gradients are freed before the forward
         opt.zero_grad()
@@ -83,7 +75,7 @@ gpu = {"peak_allocated_mib": torch.cuda.max_memory_allocated() / 2**20, "peak_re
 certified = certified_fraction(model) if mode.startswith("sqs") else None  # after the last step
 median = lambda ts: sorted(ts)[len(ts) // 2]
 print(json.dumps({"step_s": median(times[1:6]), "late_step_s": median(times[-5:]) if len(times) >= 15 else None, "steps_s": times, "first_step_s": times[0], "peak_rss_mib": peak / 1024,
-                  "steps_peak_rss_mib": hwm_mib() if steps_hwm else None,
+                  "steps_peak_rss_mib": peak_rss_mib() if steps_hwm else None,
                   "rss_before_mib": base_rss / 1024, "certified_fraction": certified,
                   "params_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20, **gpu}))
 """
