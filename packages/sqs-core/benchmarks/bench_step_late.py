@@ -203,10 +203,11 @@ def main() -> None:
         rounds = run_rounds(case_text, folder, modes, args, None if args.warm_cache else cache)
     summary = summarise(rounds, modes)
     for mode, s in summary.items():
+        peak = "n/a" if s["steps_peak_rss_ratio"] is None else f"x{s['steps_peak_rss_ratio']:.2f}"
         print(
             f"{case_text} {mode} after {args.steps} steps: x{s['time_ratio_min']:.2f}–{s['time_ratio_max']:.2f} "
             f"(median x{s['time_ratio_median']:.2f}, {s['rounds_above_2x']} of {args.rounds} rounds above 2x), "
-            f"timed steps' peak x{s['steps_peak_rss_ratio']:.2f}"
+            f"timed steps' peak {peak}"
         )
     settings = {k: v for k, v in vars(args).items() if k not in ("state", "out")}
     payload = {"machine": machine_info(), "date": time.strftime("%Y-%m-%d"), **settings, "summary": summary}
