@@ -10,6 +10,7 @@ A plain fine-tuning step is AdamW on the model's weights (lr 1e-4); an SQS step 
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 import sqs_core as sqs
@@ -26,6 +27,14 @@ def parse_case(text: str) -> tuple[str, int, int]:
     if kind not in KINDS or not batch.isdigit() or int(batch) < 1:
         raise ValueError(f"expected KIND:BATCH with KIND one of {KINDS} and BATCH >= 1, got {text!r}")
     return kind, int(batch), 4 if kind == "resnet20" else 64
+
+
+def parse_cases_or_exit(parser: argparse.ArgumentParser, texts: list[str]) -> list[tuple[str, int, int]]:
+    """:func:`parse_case` of each ``--only`` value; a bad one ends the script through ``parser.error`` (exit 2)."""
+    try:
+        return [parse_case(text) for text in texts]
+    except ValueError as error:
+        parser.error(f"--only: {error}")
 
 
 class BasicBlock(nn.Module):

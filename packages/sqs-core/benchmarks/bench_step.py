@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _step_models import parse_case  # this folder (a script's own folder is on sys.path)
+from _step_models import parse_cases_or_exit  # this folder (a script's own folder is on sys.path)
 from _timing import machine_info, write_json
 
 CASE = r"""
@@ -206,10 +206,7 @@ def _arguments():
     batches = (256,) if args.quick else (256, 2048, 8192)
     cases = [("resnet20", 128, 4)] + [(kind, b, 64) for kind in ("linear4096", "linear4096-distill") for b in batches]
     if args.only is not None:  # any KIND:BATCH, not only the default batches
-        try:
-            cases = [parse_case(name) for name in args.only]
-        except ValueError as error:
-            parser.error(f"--only: {error}")
+        cases = parse_cases_or_exit(parser, args.only)
     modes = ["plain"] + [mode for mode in MODES[1:] if mode in args.modes]
     steps = args.steps or (3 if args.quick else 6)
     return args, cases, modes, steps

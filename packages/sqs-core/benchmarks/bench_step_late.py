@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from _step_models import parse_case  # this folder (a script's own folder is on sys.path)
+from _step_models import parse_case, parse_cases_or_exit  # this folder (a script's own folder is on sys.path)
 from _timing import machine_info, write_json
 
 SQS_MODES = ("sqs", "sqs-compiled")
@@ -54,10 +54,7 @@ def _arguments():
     parser.add_argument("--warm-cache", action="store_true", help="compile into the user's inductor cache")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write (default: print only)")
     args = parser.parse_args()
-    try:
-        case = parse_case(args.only)
-    except ValueError as error:
-        parser.error(f"--only: {error}")
+    (case,) = parse_cases_or_exit(parser, [args.only])
     for name in ("steps", "rounds", "warmup", "timed"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from _step_models import KINDS, parse_case  # this folder (a script's own folder is on sys.path)
+from _step_models import KINDS, parse_cases_or_exit  # this folder (a script's own folder is on sys.path)
 from _timing import machine_info, write_json
 
 SQS_MODES = ("sqs", "sqs-compiled")
@@ -52,10 +52,7 @@ def _arguments():
     parser.add_argument("--prune-every", type=int, default=1, metavar="N", help="the schedule's update_every")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write (default: print only)")
     args = parser.parse_args()
-    try:
-        case = parse_case(args.only)
-    except ValueError as error:
-        parser.error(f"--only: {error}")
+    (case,) = parse_cases_or_exit(parser, [args.only])
     if args.steps < 15:
         parser.error(f"--steps must be at least 15 (steps 2–6 and the last five are reported), got {args.steps}")
     if args.prune_to is not None and not 0 < args.prune_to <= 1:
