@@ -168,7 +168,7 @@ def summarise(rounds: list[dict], modes: list[str]) -> dict:
             "time_ratio_median": median(ratios),
             "time_ratio_max": max(ratios),
             "rounds_above_2x": sum(ratio > 2 for ratio in ratios),
-            "steps_peak_rss_ratio": peak / plain_peak if plain_peak else None,
+            "steps_peak_rss_ratio": peak / plain_peak if plain_peak and peak else None,
         }
     return summary
 
