@@ -91,7 +91,7 @@ NOT_BOOLS = ["no", "False", 0, 1, None]  # and NumPy's bool_: test_config_valida
 def test_config_flags_must_be_bools(bad):
     with pytest.raises(ValueError, match="train_weight must be True or False"):
         sqs.SQSConfig(train_weight=bad)
-    with pytest.raises(ValueError, match="compile_kernels must be True or False"):
+    with pytest.raises(ValueError, match="compile_kernels must be True, False or 'auto'"):
         sqs.SQSConfig(compile_kernels=bad)
     with pytest.raises(ValueError, match=r"\['skip'\] must be True or False"):
         sqs.SQSConfig(overrides={"^0$": {"skip": bad}})

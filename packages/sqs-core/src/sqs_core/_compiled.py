@@ -1,5 +1,6 @@
-"""The compile machinery of the opt-in kernels (``SQSConfig.compile_kernels``): each kernel body is compiled
-with inductor on its first call. Importing this module compiles nothing."""
+"""The compile machinery of the fused kernels (``SQSConfig.compile_kernels``): each kernel body is compiled
+with inductor on its first call, and :func:`use_compiled` decides which layers use them. Importing this module
+compiles nothing."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ __all__: list[str] = []  # used by sqs_core._fused and sqs_core._fused_uncovered
 log = logging.getLogger(__name__)
 
 RECOMPILE_LIMIT = 64  # graphs per kernel (see _Kernel._run)
+
+AUTO_MIN_WEIGHTS = 1 << 20
+"""``compile_kernels="auto"`` compiles the kernels of a CPU layer with at least this many weights. Compiling
+costs 20–35 s once per process with a warm inductor cache (minutes on a new machine); late in a scheduled run
+of the 4096² Linear (K = 64, 2,048 tokens) a compiled step saves 0.2–0.8 s against the eager one on the three
+CPUs measured (docs/method.md, "Session 50"), so it pays for itself within ~40–150 steps. Small layers (a CIFAR
+ResNet-20's are under 37k weights) meet the targets eagerly and stay eager, with no compiler needed."""
 
 THREADED = {"cpp.dynamic_threads": True}
 """Inductor settings of every kernel: a CPU loop is always an OpenMP parallel loop. Inductor decides whether to
@@ -68,6 +76,39 @@ class _Kernel:
         except torch._dynamo.exc.FailOnRecompileLimitHit:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 return compiled(*args)
+
+
+def use_compiled(setting: bool | str, weight: torch.Tensor) -> bool:
+    """Whether a layer whose ``SQSConfig.compile_kernels`` is ``setting`` and whose θ is ``weight`` runs the
+    compiled kernels: ``setting`` itself when it is a bool; for ``"auto"``, a CPU layer of at least
+    :data:`AUTO_MIN_WEIGHTS` weights where :func:`compiler_works`. On an accelerator ``"auto"`` stays eager."""
+    if isinstance(setting, bool):
+        return setting
+    return weight.device.type == "cpu" and weight.numel() >= AUTO_MIN_WEIGHTS and compiler_works()
+
+
+_COMPILER_WORKS: bool | None = None  # compiler_works' answer in this process
+
+
+def compiler_works() -> bool:
+    """Whether ``torch.compile`` compiles and runs a small kernel here (once per process; a few seconds the first
+    time). False, with a warning naming the error, where it fails (no C++ compiler, say): ``"auto"`` layers then
+    train eagerly instead of failing."""
+    global _COMPILER_WORKS
+    if _COMPILER_WORKS is None:
+        x = torch.arange(4, dtype=torch.float32)
+        try:
+            _COMPILER_WORKS = bool(torch.equal(_Kernel(_probe)(x), _probe(x)))
+        except Exception as exc:  # whatever inductor raises (a missing compiler, a broken toolchain): eager
+            _COMPILER_WORKS = False
+            cause = exc.__cause__ or exc  # _Kernel wraps inductor's error
+            log.warning("compile_kernels='auto': torch.compile failed here (%r); every layer trains eagerly", cause)
+    return _COMPILER_WORKS
+
+
+def _probe(x: torch.Tensor) -> torch.Tensor:
+    """The kernel :func:`compiler_works` compiles: one fused elementwise pass."""
+    return x.mul(2.0).add_(1.0)
 
 
 def _known_option(name: str) -> bool:

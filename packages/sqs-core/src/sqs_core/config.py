@@ -37,7 +37,7 @@ GATE_INITS = ("constant", "magnitude")
 OVERRIDABLE = ("num_components", "windows", "temperature", "responsibility", "compile_kernels", "skip")
 # How training runs, not what it produces: to_dict writes these only when they differ from the default,
 # so configs (and artifact headers) written without them stay byte-identical.
-EXECUTION_DEFAULTS = {"compile_kernels": False}
+EXECUTION_DEFAULTS = {"compile_kernels": "auto"}
 
 
 # The posterior computes in float32 (posterior.py): a temperature it divides by must be a normal float32,
@@ -103,9 +103,12 @@ class SQSConfig:
     pruning schedule removes are the smallest ones.
     ``compile_kernels`` runs the per-weight elementwise work of a training step (gates, the one-hot
     certificate, θ^avg = λ̃ μ_k*, their gradients and the gate KL) as kernels fused by ``torch.compile``
-    (sqs_core._fused): faster steps on large layers after compiling once (tens of seconds on a new machine,
-    seconds per process once inductor has cached the kernels); needs what inductor needs (a C++ compiler
-    on CPU). Values and gradients agree with the default eager path to float rounding.
+    (sqs_core._fused): faster steps on large layers after compiling once per process (20–35 s with a warm
+    inductor cache, minutes on a new machine); needs what inductor needs (a C++ compiler on CPU). Values and
+    gradients agree with the eager path to float rounding. ``"auto"`` (the default) compiles the kernels of a
+    layer on the CPU with at least ``sqs_core._compiled.AUTO_MIN_WEIGHTS`` (2^20) weights once a probe kernel
+    has compiled and run in this process, and runs every other layer eagerly (sqs_core._compiled.use_compiled);
+    ``True`` / ``False`` force it on / off for every layer.
     """
 
     num_components: int = 4
@@ -125,7 +128,7 @@ class SQSConfig:
     gate_init_spread: float = 2.0
     kmeans_iterations: int = 30
     seed: int = 0
-    compile_kernels: bool = False
+    compile_kernels: bool | str = "auto"
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -136,7 +139,7 @@ class SQSConfig:
         if not isinstance(self.prior, (SpikeSlabPrior, GaussianPrior)):
             raise ValueError(f"prior must be a SpikeSlabPrior or GaussianPrior, got {self.prior!r}")
         check_flag("train_weight", self.train_weight)
-        check_flag("compile_kernels", self.compile_kernels)
+        _check_compile_kernels("compile_kernels", self.compile_kernels)
         if check_int("version", self.version, 0) != CONFIG_VERSION:
             raise ValueError(f"unsupported config version {self.version!r} (this library: {CONFIG_VERSION})")
         object.__setattr__(self, "version", CONFIG_VERSION)
@@ -360,7 +363,15 @@ def _validate_override(pattern: str, settings: Mapping[str, Any]) -> dict[str, A
         _check_choice("responsibility", out["responsibility"], RESPONSIBILITY_KINDS)
     if "temperature" in out:
         out["temperature"] = _check_temperature("temperature", out["temperature"])
-    for flag in ("compile_kernels", "skip"):
-        if flag in out:
-            check_flag(f"overrides[{pattern!r}][{flag!r}]", out[flag])
+    if "compile_kernels" in out:
+        _check_compile_kernels(f"overrides[{pattern!r}]['compile_kernels']", out["compile_kernels"])
+    if "skip" in out:
+        check_flag(f"overrides[{pattern!r}]['skip']", out["skip"])
     return out
+
+
+def _check_compile_kernels(name: str, value: Any) -> bool | str:
+    """``value`` if it is True, False or ``"auto"`` (not 0/1, not another string), else a ValueError naming ``name``."""
+    if isinstance(value, bool) or (isinstance(value, str) and value == "auto"):
+        return value
+    raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")

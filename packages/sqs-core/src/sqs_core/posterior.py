@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ._checks import F32_STD_MIN, check_int
+from ._compiled import use_compiled
 from ._forward_cache import SharedMoments, log_other_tensors, pointers, tensor_key
 from ._gate_kl import gate_kl
 from ._mask_write import any_returning, sole_owner
@@ -135,7 +136,7 @@ class SpikeGMMPosterior(nn.Module):
             temperature=self.config.temperature,
             gate_temperature=float(self.gate_temperature),
             spike_variance=spike_var,
-            compiled=self.config.compile_kernels,
+            compiled=use_compiled(self.config.compile_kernels, self.weight),
             prior_keep=prior.keep_prob if isinstance(prior, SpikeSlabPrior) else None,
         )
 
