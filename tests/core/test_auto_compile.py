@@ -68,14 +68,7 @@ def test_auto_compiles_layers_from_the_threshold_and_matches_forced(monkeypatch)
         torch.testing.assert_close(got.grad, want.grad, rtol=0, atol=0)
 
 
-def test_auto_trains_eagerly_where_compiling_fails(monkeypatch, caplog):
-    def broken(fn, **options):
-        def run(*args):
-            raise OSError("no C++ compiler")
-
-        return run
-
-    monkeypatch.setattr(torch, "compile", broken)
+def test_auto_trains_eagerly_where_compiling_fails(no_compiler, monkeypatch, caplog):
     monkeypatch.setattr(_compiled, "_COMPILER_WORKS", None)  # probe again, under the broken compiler
     monkeypatch.setattr(_compiled, "AUTO_MIN_WEIGHTS", 100)
     model = _model()
