@@ -43,6 +43,17 @@ def test_flat_indices_with_a_test_match_the_full_mask(values, chunk, target):
 
 
 _CLASSES = [onehot.CERTIFIED, 0, ALL_LUMPED, onehot.LUMPED_SETTLED, *NEARBY_WIDTHS]
+
+
+@pytest.mark.parametrize("last", [onehot.CERTIFIED, onehot.LUMPED_SETTLED, 7])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32])
+def test_the_uncovered_test_is_non_zero_exactly_below_the_last_class(last, dtype):
+    """onehot._below, the test uncovered_blocks hands flat_indices (byte arithmetic for uint8 classes and the two
+    one-hot classes, a comparison otherwise), is non-zero exactly where a class is below ``last``, for every byte."""
+    classes = torch.arange(256, dtype=dtype)
+    assert torch.equal(onehot._below(classes, last) != 0, classes < last)
+
+
 _LUMPABLE = [ALL_LUMPED, onehot.LUMPED_SETTLED, *NEARBY_WIDTHS]  # BinTable.lumpable's order
 
 

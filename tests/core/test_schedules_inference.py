@@ -180,7 +180,7 @@ def test_the_sampled_bracket_is_refused_where_it_misses_and_the_mask_stays_exact
     elif pattern == "sorted":
         assert max(calls) < n  # accepted: kthvalue inside the bracket only
     else:  # n_keep = 500: a bracket of one value, no kthvalue; the open-ended brackets of the others hold all
-        assert calls == [n, n, n]
+        assert [c for c in calls if c > 2 * selection.SAMPLE] == [n, n, n]  # the bracket's kthvalues: on the sample
 
 
 @pytest.mark.parametrize(

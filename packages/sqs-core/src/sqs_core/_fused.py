@@ -42,7 +42,16 @@ from ._bounds import _bin_bounds
 from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
 from ._fused_uncovered import bin_scalars, block_gradients, full_block, lumped_gradients, nearby_block, unpack_blocks
-from ._gate_terms import GATE_FLOOR, _gate_probs, _variance, check_first_order, gate_logit_grad, kl_accumulator, kl_grad
+from ._gate_terms import (
+    GATE_FLOOR,
+    _gate_probs,
+    _variance,
+    check_first_order,
+    gate_logit_grad,
+    kl_accumulator,
+    kl_grad,
+    materialized_grads,
+)
 from ._index_add import index_add_all
 from ._nearby import NearbyTables, TableGradients
 from ._one_hot import _flat_index, one_hot_workspace
@@ -333,6 +342,7 @@ class FusedPosteriorMoments(torch.autograd.Function):
         ctx.save_for_backward(*saved, table.nearby, *saved_blocks)
         ctx.spec, ctx.second, ctx.widths = spec, second, [w for _, w in blocks]
         ctx.mark_non_differentiable(kstar)
+        ctx.set_materialize_grads(False)  # see _gate_terms.materialized_grads
         return mean, var, kstar, (theta.new_zeros(()) if kl is None else kl.to(theta.dtype))
 
     @staticmethod
@@ -341,7 +351,8 @@ class FusedPosteriorMoments(torch.autograd.Function):
         theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes, *rest = (
             ctx.saved_tensors
         )
-        spec, gv, g_comp = ctx.spec, (grad_var if ctx.second else None), kl_accumulator(component_kl, grad_kl)
+        grad_mean, gv = materialized_grads(theta, grad_mean, grad_var, ctx.second)
+        spec, g_comp = ctx.spec, kl_accumulator(component_kl, grad_kl)
         leaves = [p.detach().requires_grad_() for p in (means, log_stds, mixing_logits)]
         param_grads = [torch.zeros(p.numel(), dtype=torch.float64, device=p.device) for p in leaves]
         g_theta = torch.zeros_like(theta) if ctx.needs_input_grad[0] else None

@@ -22,9 +22,9 @@ def flat_indices(
     all of them on the way. int32 is for indices kept a while (a compiled training step keeps its uncovered
     weights' from forward to backward: 4 bytes each, not 8); eager indexing with int32 is 10–50% slower.
     ``values`` is the mask itself, or with ``test`` any flat tensor whose mask ``test(part)`` gives for each
-    INDEX_CHUNK part, so that no bool tensor of all entries is made (a T-sized one is fresh memory, mapped
-    and zeroed, every step). On an accelerator, one ``nonzero`` (each waits for the device; its allocator
-    reuses the memory)."""
+    INDEX_CHUNK part (a bool mask, or any tensor non-zero where the mask is true), so that no bool tensor of
+    all entries is made (a T-sized one is fresh memory, mapped and zeroed, every step). On an accelerator,
+    one ``nonzero`` (each waits for the device; its allocator reuses the memory)."""
     if values.numel() > torch.iinfo(torch.int32).max:
         dtype = torch.int64
     chunk = INDEX_CHUNK if values.device.type == "cpu" else max(values.numel(), 1)

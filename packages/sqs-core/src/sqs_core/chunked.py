@@ -25,6 +25,7 @@ from ._gate_terms import (
     kl_accumulator,
     kl_dlam,
     kl_grad,
+    materialized_grads,
     moments_dlam,
 )
 from ._nearby import (
@@ -196,6 +197,7 @@ class _PosteriorMoments(torch.autograd.Function):
         ctx.save_for_backward(*saved, *block_indices)
         ctx.spec, ctx.second, ctx.table, ctx.blocks = spec, second, table, blocks
         ctx.mark_non_differentiable(kstar)
+        ctx.set_materialize_grads(False)  # see _gate_terms.materialized_grads
         return mean, var, kstar, kl.to(theta.dtype)
 
     @staticmethod
@@ -208,6 +210,7 @@ class _PosteriorMoments(torch.autograd.Function):
         for (start, width), u in zip(ctx.blocks, indices, strict=True):
             blocks.setdefault(start, []).append((u.long(), width))
         spec, second, g_comp = ctx.spec, ctx.second, kl_accumulator(component_kl, grad_kl)
+        grad_mean, grad_var = materialized_grads(theta, grad_mean, grad_var, second)
         leaves = [p.detach().requires_grad_() for p in (means, log_stds, mixing_logits)]
         # float64 accumulators: millions of per-weight terms are summed into W·K entries
         param_grads = [torch.zeros(p.numel(), dtype=torch.float64, device=p.device) for p in leaves]

@@ -337,7 +337,7 @@ def uncovered_blocks(
     Xeon, 2 threads). Weights of class :data:`LUMPED_SETTLED` come as ALL_LUMPED blocks, or with ``settled_inline``
     (both training steps, which evaluate them with the certified ones) not at all."""
     last = LUMPED_SETTLED if settled_inline else CERTIFIED
-    uncovered = flat_indices(classes, index_dtype, test=partial(torch.lt, other=last))
+    uncovered = flat_indices(classes, index_dtype, test=partial(_below, last=last))
     groups = [(uncovered, 0)]
     if uncovered.numel() and table.any_lumpable:
         grouped, spans = grouped_by_class(uncovered, classes.index_select(0, uncovered))
@@ -349,6 +349,17 @@ def uncovered_blocks(
         for block in torch.split(indices, max(1, block_elements // (columns_of(width) or k))):
             if block.numel():
                 yield block, width
+
+
+def _below(classes: torch.Tensor, last: int) -> torch.Tensor:
+    """Non-zero exactly where ``classes`` < ``last``: for uint8 classes and ``last`` CERTIFIED (255) or
+    LUMPED_SETTLED (254), ~c or (~c) >> 1 (uint8, which ``nonzero`` takes as it is), else ``classes < last``. Eager
+    comparisons write their bool output several times slower than byte arithmetic: over 16.8M classes 11–12 against
+    1.6–1.7 ms (Intel Xeon, 2 threads, session 51)."""
+    if classes.dtype != torch.uint8 or last not in (CERTIFIED, LUMPED_SETTLED):
+        return classes < last
+    inverted = torch.bitwise_not(classes)  # 255 - c: 0 for CERTIFIED, 1 for LUMPED_SETTLED, ≥ 2 below both
+    return inverted if last == CERTIFIED else inverted.bitwise_right_shift_(1)
 
 
 def bin_components(table: BinTable, theta: torch.Tensor, width: int) -> torch.Tensor:

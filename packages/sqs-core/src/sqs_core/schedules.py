@@ -117,7 +117,10 @@ class PruningSchedule:
                     scores[name] = p.without_pinned(p.keep_logits().detach(), -math.inf)
                 else:
                     scores[name], divisors[name] = p.gate_logits.detach(), p.gate_temperature
-            masks = keep_top_fraction_of_checked(scores, nonzero, per_layer=self.per_layer, divisors=divisors)
+            compiled = any(p.spec().compiled for p in posts.values())  # the ranking pass too (selection)
+            masks = keep_top_fraction_of_checked(
+                scores, nonzero, per_layer=self.per_layer, divisors=divisors, compiled=compiled
+            )
             for name, p in posts.items():
                 p.set_mask_(masks[name])
         self.current_nonzero = nonzero
