@@ -126,10 +126,14 @@ def _check_keep_top(values, repeat, period, nonzero, integer):
     nonzero=nonzero_rates,
     per_layer=st.booleans(),
     seed=st.integers(0, 1000),
+    compiled=st.booleans(),
 )
-def test_divided_scores_rank_as_their_quotients_would(sizes, scaled, divisor, double, nonzero, per_layer, seed):
+def test_divided_scores_rank_as_their_quotients_would(
+    sizes, scaled, divisor, double, nonzero, per_layer, seed, compiled
+):
     """The schedule's ``divisors`` (s̃ / τ', divided chunk by chunk) give the masks of the quotients built in full,
-    ties after rounding included (neighbouring floats: a quotient can round two of them to one value)."""
+    ties after rounding included (neighbouring floats: a quotient can round two of them to one value), by the eager
+    pass or the compiled one (``compiled``: float32 keys; tests/core/test_selection_compiled.py)."""
     gen = torch.Generator().manual_seed(seed)
     dtype = torch.float64 if double else torch.float32
     scores, divisors = {}, {}
@@ -143,7 +147,9 @@ def test_divided_scores_rank_as_their_quotients_would(sizes, scaled, divisor, do
         patch.setattr(selection, "SAMPLE", 16)
         patch.setattr(selection, "SAMPLE_MARGIN", 2)
         patch.setattr(selection, "CHUNK", 13)
-        got = selection.keep_top_fraction_of_checked(scores, nonzero, per_layer=per_layer, divisors=divisors)
+        got = selection.keep_top_fraction_of_checked(
+            scores, nonzero, per_layer=per_layer, divisors=divisors, compiled=compiled
+        )
         want = keep_top_fraction(quotients, nonzero, per_layer=per_layer)
     assert all(torch.equal(got[name], want[name]) for name in scores)
 
