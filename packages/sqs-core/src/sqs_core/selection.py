@@ -156,8 +156,10 @@ def _keep_top_in(
     """:func:`_keep_top` with the threshold looked for in [``low``, ``high``] (None: open), or None where the
     counts show it is not there. Ties at the threshold: the first positions win."""
     keep = torch.empty(keys.total, dtype=torch.bool, device=keys.flats[0].device)
-    scan = _split_compiled if keys.compiled and low is not None and high is not None else _split
-    n_below, n_above, position, value = scan(keys, low, high, keep)
+    if keys.compiled and low is not None and high is not None:
+        n_below, n_above, position, value = _split_compiled(keys, low, high, keep)
+    else:
+        n_below, n_above, position, value = _split(keys, low, high, keep)
     if not _holds(keys.total, rank, n_below, n_above):
         return None
     threshold = value.kthvalue(rank - n_below).values
