@@ -89,32 +89,3 @@ def test_probe_result_is_kept(monkeypatch):
     assert _compiled.compiler_works()  # this machine (and CI) has a C++ compiler: the other tests compile too
     monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("probed twice"))
     assert _compiled.compiler_works()
-
-
-@pytest.mark.parametrize("checks", [False, True])
-def test_index_checks_reach_inductor_as_set(monkeypatch, checks):
-    """sqs_core._compiled.INDEX_CHECKS (off by default; this suite turns it on, tests/core/conftest.py) is the
-    ``assert_indirect_indexing`` every kernel compiles with, beside its own options."""
-    assert _compiled.__dict__["INDEX_CHECKS"] is True  # the suite's setting
-    seen = {}
-
-    def compile_(fn, **kwargs):
-        seen.update(kwargs["options"])
-        return fn
-
-    monkeypatch.setattr(torch, "compile", compile_)
-    monkeypatch.setattr(_compiled, "INDEX_CHECKS", checks)
-    kernel = _compiled._Kernel(_compiled._probe, options={"max_fusion_size": 8})
-    assert torch.equal(kernel(torch.arange(4.0)), torch.arange(4.0) * 2 + 1)
-    assert seen["assert_indirect_indexing"] is checks and seen["max_fusion_size"] == 8
-
-
-def test_index_checks_are_off_by_default():
-    """The library's own default, read from its source (this suite changed the module's value at import)."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(_compiled))
-    names = [(t, n.value) for n in tree.body if isinstance(n, ast.Assign) for t in n.targets]
-    assigned = [ast.literal_eval(v) for t, v in names if isinstance(t, ast.Name) and t.id == "INDEX_CHECKS"]
-    assert assigned == [False]

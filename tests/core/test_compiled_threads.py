@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
+
 import pytest
 import torch
+from sqs_core import _compiled
 from sqs_core._compiled import THREADED, _Kernel, _known_option
 
 
@@ -18,7 +22,10 @@ def test_dotted_settings_are_looked_up_level_by_level():
     assert not _known_option("no_such_group.dynamic_threads")
 
 
-def test_every_kernel_gets_the_threaded_settings_besides_its_own(monkeypatch):
+@pytest.mark.parametrize("checks", [False, True])
+def test_every_kernel_gets_the_threaded_settings_besides_its_own(monkeypatch, checks):
+    """THREADED and the index checks as _compiled.INDEX_CHECKS is when a kernel compiles (off by default; this
+    suite turns it on, tests/core/conftest.py), beside a kernel's own known settings."""
     seen = []
 
     def fake_compile(fn, dynamic, fullgraph, options):
@@ -26,10 +33,21 @@ def test_every_kernel_gets_the_threaded_settings_besides_its_own(monkeypatch):
         return fn
 
     monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(_compiled, "INDEX_CHECKS", checks)
     x = torch.arange(4.0)
     _Kernel(_dot_in_float64)(x, x)
     _Kernel(_dot_in_float64, options={"max_fusion_size": 99, "no_such_setting": 1})(x, x)
-    assert seen == [THREADED, {**THREADED, "max_fusion_size": 99}]
+    shared = {**THREADED, "assert_indirect_indexing": checks}
+    assert seen == [shared, {**shared, "max_fusion_size": 99}]
+
+
+def test_index_checks_are_off_by_default_and_on_in_this_suite():
+    """The library's own INDEX_CHECKS, read from its source (tests/core/conftest.py set the module's to True)."""
+    tree = ast.parse(inspect.getsource(_compiled))
+    names = [(t, n.value) for n in tree.body if isinstance(n, ast.Assign) for t in n.targets]
+    assigned = [ast.literal_eval(v) for t, v in names if isinstance(t, ast.Name) and t.id == "INDEX_CHECKS"]
+    assert assigned == [False]
+    assert _compiled.INDEX_CHECKS is True
 
 
 @pytest.mark.skipif(not torch.backends.openmp.is_available(), reason="this torch has no OpenMP")
