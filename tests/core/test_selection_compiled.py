@@ -12,16 +12,12 @@ from sqs_core import selection
 from torch import nn
 
 
-def _shrunk(patch):
-    """A sample of 16 keys ±2 ranks, so that small tensors take the bracketed pass, in chunks of 13 keys."""
-    patch.setattr(selection, "SAMPLE", 16)
-    patch.setattr(selection, "SAMPLE_MARGIN", 2)
-    patch.setattr(selection, "CHUNK", 13)
-
-
 @pytest.fixture
 def small_sample(monkeypatch):
-    _shrunk(monkeypatch)
+    """A sample of 16 keys ±2 ranks, so that small tensors take the bracketed pass, in chunks of 13 keys."""
+    monkeypatch.setattr(selection, "SAMPLE", 16)
+    monkeypatch.setattr(selection, "SAMPLE_MARGIN", 2)
+    monkeypatch.setattr(selection, "CHUNK", 13)
 
 
 def test_the_compiled_pass_runs_the_kernel_and_splits_as_the_eager_pass(small_sample):

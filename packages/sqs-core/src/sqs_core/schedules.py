@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ._checks import check_finite_parameters, check_flag, check_int, check_real
+from ._compiled import use_compiled
 from .prepare import posteriors, prepared_config
 from .selection import check_nonzero, keep_top_fraction_of_checked
 
@@ -118,7 +119,8 @@ class PruningSchedule:
                     scores[name] = p.without_pinned(p.keep_logits().detach(), -math.inf)
                 else:
                     scores[name], divisors[name] = p.gate_logits.detach(), p.gate_temperature
-            compiled = any(p.spec().compiled for p in posts.values())  # the ranking pass too (selection)
+            # where some layer runs the compiled kernels, the ranking pass does too (selection)
+            compiled = any(use_compiled(p.config.compile_kernels, p.weight) for p in posts.values())
             masks = keep_top_fraction_of_checked(
                 scores, nonzero, per_layer=self.per_layer, divisors=divisors, compiled=compiled
             )
