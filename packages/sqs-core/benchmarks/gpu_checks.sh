@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, as one script for a lent GPU machine (never CI: CI has no GPU).
-# 1. tests/core/test_cuda.py (training, inference and the artifact on CUDA against the CPU; the uncovered weights
+# 1. tests/core/test_cuda.py and test_autocast.py's CUDA test (training, inference and the artifact on CUDA against the CPU; the uncovered weights
 #    on the eager, certified-compiled and dense routes). On a fresh H200 in session 35 the whole file took over
 #    230 s: the certified route's float64 kernels compile for minutes; TEST_TIMEOUT (default 300) bounds it.
 # 2. gpu_dense.py: the compiled step of the 4096² Linear (K = 64, 2,048 tokens; sqs_core._dense, a GPU's compiled
@@ -19,7 +19,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT/packages/sqs-core/src" HYPOTHESIS_PR
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c 'import torch, sqs_core; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), sqs_core.__file__)' \
     | tee -a "$OUT/gpu.txt"
-timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -v -p no:cacheprovider --durations=10 tests/core/test_cuda.py 2>&1 \
+timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -v -p no:cacheprovider --durations=10 tests/core/test_cuda.py \
+    tests/core/test_autocast.py -k cuda 2>&1 \
     | tee "$OUT/test_cuda.log" | grep -E "PASSED|FAILED|ERROR|passed|failed"
 cd packages/sqs-core/benchmarks || exit 1
 OUT="$OUT" timeout "${DENSE_TIMEOUT:-120}" python3 gpu_dense.py --variants 1 --profile 2>&1 | grep -v -i warn

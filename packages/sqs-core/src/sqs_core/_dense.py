@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ._autocast import without_autocast
 from ._compiled import _Kernel, _scalar
 from ._fused import _dkl_dlam, _gate_and_kl, _prior_logit, _prior_logs
 from ._gate_terms import _gate_probs, _variance, check_first_order, gate_logit_grad, kl_grad, moments_dlam
@@ -285,6 +286,7 @@ class DensePosteriorMoments(torch.autograd.Function):
         return mean, var, kstar, total.to(theta.dtype)
 
     @staticmethod
+    @without_autocast
     def backward(ctx, grad_mean, grad_var, _grad_kstar, grad_kl):
         check_first_order()
         theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar = ctx.saved_tensors

@@ -38,6 +38,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ._autocast import without_autocast
 from ._bounds import _bin_bounds
 from ._compiled import _Kernel, _scalar
 from ._fused_uncovered import KERNELS as UNCOVERED_KERNELS
@@ -346,6 +347,7 @@ class FusedPosteriorMoments(torch.autograd.Function):
         return mean, var, kstar, (theta.new_zeros(()) if kl is None else kl.to(theta.dtype))
 
     @staticmethod
+    @without_autocast
     def backward(ctx, grad_mean, grad_var, _grad_kstar, grad_kl):
         check_first_order()
         theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes, *rest = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ._autocast import without_autocast
 from ._gate_terms import _gate_probs, _kl_gate_grads, _kl_terms_sum, check_first_order
 from ._index_add import index_add_all
 from ._one_hot import _flat_index
@@ -34,6 +35,7 @@ class _GateKL(torch.autograd.Function):
         return total.to(gate_logits.dtype)
 
     @staticmethod
+    @without_autocast
     def backward(ctx, grad):
         check_first_order()
         gate_logits, component_kl, mask, window_ids, kstar = ctx.saved_tensors

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ._autocast import without_autocast
 from ._gate_terms import (
     _gate_probs,
     _kl_terms_sum,
@@ -201,6 +202,7 @@ class _PosteriorMoments(torch.autograd.Function):
         return mean, var, kstar, kl.to(theta.dtype)
 
     @staticmethod
+    @without_autocast
     def backward(ctx, grad_mean, grad_var, _grad_kstar, grad_kl):
         check_first_order()
         theta, gate_logits, means, log_stds, mixing_logits, component_kl, mask, window_ids, kstar, classes, *indices = (

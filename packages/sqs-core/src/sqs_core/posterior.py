@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._autocast import without_autocast
 from ._checks import F32_STD_MIN, check_int
 from ._compiled import use_compiled
 from ._forward_cache import SharedMoments, log_other_tensors, pointers, tensor_key
@@ -234,6 +235,7 @@ class SpikeGMMPosterior(nn.Module):
 
     # -- the training forward ---------------------------------------------------------------------
     @_eager_under_torch_compile
+    @without_autocast
     def moments(self, *, second: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """θ^avg = λ̃ Σ_k φ_k μ_k (θ's shape) and, with ``second``, Var_q(θ̃) for the moment-matched
         likelihood. Memory-lean (chunked, recomputed in backward); caches k* for :meth:`kl`. With gradients
@@ -276,6 +278,7 @@ class SpikeGMMPosterior(nn.Module):
         return self.moments()[0]
 
     @_eager_under_torch_compile
+    @without_autocast
     def kl(self) -> torch.Tensor:
         """Σ_i KL(Bern(λ̃_i)‖Bern(λ)) + Σ_i λ̃_i KL(N(μ_k*, σ_k*²)‖N(0, σ_0²)) (eq. approx_elbo).
 
@@ -306,6 +309,7 @@ class SpikeGMMPosterior(nn.Module):
 
     # -- inference ----------------------------------------------------------------------------------
     @torch.no_grad()
+    @without_autocast
     def responsibilities(self) -> torch.Tensor:
         """φ (T, K) in flat weight order. Materialises T·K numbers: for inspection and tests."""
         out = torch.empty(self.weight.numel(), self.num_components, dtype=self.means.dtype, device=self.weight.device)
@@ -339,6 +343,7 @@ class SpikeGMMPosterior(nn.Module):
             )
 
     @torch.no_grad()
+    @without_autocast
     def certified_fraction(self) -> float:
         """The share of weights whose φ is certified one-hot (:mod:`sqs_core.onehot`) at the current
         parameters; a training step costs K-component work only for the others (docs/method.md)."""
@@ -369,6 +374,7 @@ class SpikeGMMPosterior(nn.Module):
         return self.levels_and_alternatives()[1]
 
     @torch.no_grad()
+    @without_autocast
     def levels_and_alternatives(self, *, alternatives: bool = True):
         """(:meth:`greedy_levels`, :meth:`sampling_alternatives`) from one evaluation of the weights that are not
         certified (their full φ: the costly part; a 4096×4096 layer late in training has millions); without

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._autocast import without_autocast
 from ._checks import check_finite_parameters, check_flag, check_int, check_real
 from ._compiled import use_compiled
 from .prepare import posteriors, prepared_config
@@ -90,6 +91,7 @@ class PruningSchedule:
         pruned = (1.0 - self.target_nonzero) * (1.0 - (1.0 - progress) ** 3)
         return 1.0 - pruned
 
+    @without_autocast
     def step(self, step: int) -> float:
         """Update the masks (every ``update_every`` steps and at the end); returns the current rate."""
         step = _check_step(step)
