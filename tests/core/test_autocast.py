@@ -66,7 +66,6 @@ def test_posterior_under_autocast_is_the_float32_posterior(monkeypatch, compiled
         assert torch.equal(a, b), index
 
 
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
 @pytest.mark.parametrize("dtype", AUTOCAST_DTYPES, ids=str)
 def test_posterior_under_cuda_autocast_is_the_float32_posterior(dtype):
@@ -77,6 +76,7 @@ def test_posterior_under_cuda_autocast_is_the_float32_posterior(dtype):
         got = _values_and_grads(p, True)
     for index, (a, b) in enumerate(zip(got, want, strict=True)):
         assert torch.equal(a, b), index
+
 
 def test_inference_and_schedule_under_autocast_match_full_precision():
     p = _posterior(False)
