@@ -236,6 +236,8 @@ def test_torch_compile_of_a_prepared_encoder_matches_eager():
 def test_a_bare_layer_as_the_model_is_named(caplog):
     with pytest.raises(ValueError, match=r"model is itself a Linear layer: .*nn.Sequential"):
         sqs.prepare_(nn.Linear(4, 4))
+    with pytest.raises(ValueError, match=r"model is itself an Embedding layer: "):
+        sqs.prepare_(nn.Embedding(5, 4))
     attn = nn.MultiheadAttention(16, 4)  # its out_proj can be swapped, its own in_proj_weight cannot
     with caplog.at_level(logging.WARNING, logger="sqs_core.prepare"):
         sqs.prepare_(attn)

@@ -98,16 +98,17 @@ def _select(model: nn.Module, config: SQSConfig):
         seen.add(id(module))
         eligible.append((refs[id(module)][0][2], module))
     root = type(model).__name__
+    a_root = f"{'an' if root[:1] in 'AEIOU' else 'a'} {root}"
     if adapter_for(model) is not None:  # a layer swaps in place only inside a parent that holds it
         if not eligible:
             raise ValueError(
-                f"model is itself a {root} layer: prepare_ swaps layers inside a model, so wrap it first "
+                f"model is itself {a_root} layer: prepare_ swaps layers inside a model, so wrap it first "
                 f"(nn.Sequential(layer))"
             )
         log.warning(
-            "prepare_: the model is itself a %s, whose own weight stays dense: wrap it first "
+            "prepare_: the model is itself %s, whose own weight stays dense: wrap it first "
             "(nn.Sequential(module)) to compress it too",
-            root,
+            a_root,
         )
     if not eligible:
         raise ValueError(f"model {root} has no layer SQS can compress (Linear, Conv, ...)")
