@@ -2,6 +2,8 @@
 ``output=`` picks the tensor to average; without it such an output is refused with a message naming its type
 and the argument, and the wrapped model's layers are left as they were."""
 
+import logging
+
 import pytest
 import sqs_core as sqs
 import torch
@@ -86,3 +88,20 @@ def test_output_must_be_callable(bad, tmp_path):
     with pytest.raises(ValueError, match="output must be None or a callable"):
         sqs.load_bayesian_average(path, skeleton, output=bad)
     assert all(torch.equal(a, b) for a, b in zip(weights, skeleton.parameters(), strict=True))  # nothing loaded
+
+
+def test_a_model_in_training_mode_is_warned_about_once(caplog):
+    torch.manual_seed(0)
+    model = sqs.prepare_(
+        nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)), sqs.SQSConfig(num_components=4)
+    )
+    average = sqs.BayesianAverage(model, samples=2, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(5, 6)
+    with caplog.at_level(logging.WARNING, logger="sqs_core.inference"):
+        model.eval()
+        average(x)
+        assert "training mode" not in caplog.text
+        model.train()
+        average(x)
+        average(x)
+    assert caplog.text.count("training mode") == 1 and "model.eval()" in caplog.text

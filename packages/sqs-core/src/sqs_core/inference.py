@@ -171,6 +171,13 @@ class BayesianAverage(nn.Module):
 
     @torch.no_grad()
     def forward(self, *args, **kwargs) -> torch.Tensor:
+        if self.model.training and not getattr(self, "_warned_training", False):
+            self._warned_training = True  # once per wrapper
+            log.warning(
+                "BayesianAverage: the model is in training mode, so each of its %d forwards uses (and updates) "
+                "batch-norm batch statistics and applies dropout; call model.eval() for inference",
+                len(self.draws),
+            )
         total = None
         restore = self._snapshot()
         try:
