@@ -47,8 +47,13 @@ def _values_and_grads(p, second):
 
 
 @pytest.mark.parametrize("dtype", AUTOCAST_DTYPES, ids=str)
-@pytest.mark.parametrize("second", [False, True], ids=["plugin", "second-moment"])
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    ("compiled", "second"),
+    # compiled, one variant: the kernels are entered the same way for both; each variant compiles its own
+    # float32 graphs (minutes on a cold cache)
+    [(False, False), (False, True), (True, True)],
+    ids=["eager-plugin", "eager-second-moment", "compiled-second-moment"],
+)
 def test_posterior_under_autocast_is_the_float32_posterior(monkeypatch, compiled, second, dtype):
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 1024)  # several chunks, each with blocks of every width
     # compiled: widths 8 and 16 by the rolled kernels too (the ones that evaluate with torch.linalg.vecdot), which
@@ -88,13 +93,12 @@ def test_inference_and_schedule_under_autocast_match_full_precision():
     assert torch.equal(got_probs, want_probs) and got[1] == want[1] and torch.equal(got[2], want[2])
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_a_training_step_under_autocast_runs_the_layers_in_the_autocast_dtype(compiled):
+def test_a_training_step_under_autocast_runs_the_layers_in_the_autocast_dtype():
     """prepare → schedule → Objective under bfloat16 autocast: the conv and linear outputs are bfloat16, the loss
     and every gradient finite, and the schedule's masks those of the same step without autocast."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
-    config = sqs.SQSConfig(num_components=16, windows="outlier", compile_kernels=compiled)
+    config = sqs.SQSConfig(num_components=16, windows="outlier", compile_kernels=False)
     sqs.prepare_(model, config)
     masks = []
     for autocast in (False, True):
