@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, as one script for a lent GPU machine (never CI: CI has no GPU).
-# 1. tests/core/test_cuda.py and test_autocast.py's CUDA test (training, inference and the artifact on CUDA against the CPU; the uncovered weights
-#    on the eager, certified-compiled and dense routes). On a fresh H200 in session 35 the whole file took over
+# 1. tests/core/test_cuda.py (training, inference and the artifact on CUDA against the CPU; the uncovered weights
+#    on the eager, certified-compiled and dense routes) and test_autocast.py's CUDA test (the posterior under CUDA
+#    autocast). On a fresh H200 in session 35 the whole file took over
 #    230 s: the certified route's float64 kernels compile for minutes; TEST_TIMEOUT (default 300) bounds it.
 # 2. gpu_dense.py: the compiled step of the 4096² Linear (K = 64, 2,048 tokens; sqs_core._dense, a GPU's compiled
 #    route) beside a plain step, and its profile (~60 s from a bare machine).

@@ -11,16 +11,16 @@ formed to 8 bits, and inside a compiled kernel autocast is traced into the graph
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any, TypeVar
 
 import torch
 
-__all__: list[str] = []  # used by sqs_core.posterior, the autograd Functions and sqs_core.selection
+__all__: list[str] = []  # used by sqs_core.posterior, the autograd Functions and sqs_core.schedules
 
 DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu")
-"""Device types whose autocast :func:`autocast_off` turns off where it is on."""
+"""Device types whose autocast :func:`without_autocast` turns off where it is on."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,25 +33,17 @@ def _autocast_on(device_type: str) -> bool:
         return False
 
 
-@contextmanager
-def autocast_off() -> Iterator[None]:
-    """Autocast off, for every device type where it is on, inside the block (nothing to do where it is off)."""
-    active = [d for d in DEVICE_TYPES if _autocast_on(d)]
-    if not active:
-        yield
-        return
-    with ExitStack() as stack:
-        for device_type in active:
-            stack.enter_context(torch.autocast(device_type, enabled=False))
-        yield
-
-
 def without_autocast(fn: F) -> F:
-    """``fn`` run under :func:`autocast_off`."""
+    """``fn`` run with autocast off for every device type where it is on (nothing to do where it is off)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with autocast_off():
+        active = [d for d in DEVICE_TYPES if _autocast_on(d)]
+        if not active:
+            return fn(*args, **kwargs)
+        with ExitStack() as stack:
+            for device_type in active:
+                stack.enter_context(torch.autocast(device_type, enabled=False))
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

@@ -157,6 +157,7 @@ class BayesianAverage(nn.Module):
         self._dists = dists
         self._setters = setters
         self.draws = [{name: d.draw(generator) for name, d in dists.items()} for _ in range(samples)]
+        self._warned_training = False
 
     @classmethod
     def from_parts(cls, model, dists, setters, *, samples=4, generator=None, average="outputs", output=None):
@@ -171,7 +172,7 @@ class BayesianAverage(nn.Module):
 
     @torch.no_grad()
     def forward(self, *args, **kwargs) -> torch.Tensor:
-        if self.model.training and not getattr(self, "_warned_training", False):
+        if self.model.training and not self._warned_training:
             self._warned_training = True  # once per wrapper
             log.warning(
                 "BayesianAverage: the model is in training mode, so each of its %d forwards uses (and updates) "
