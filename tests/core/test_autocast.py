@@ -11,9 +11,8 @@ import torch
 import torch.nn.functional as F
 from sqs_core import _fused_uncovered, chunked
 from sqs_core.onehot import NARROW, NARROW_WIDTHS
-from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
-from uncovered import uncovered_counts
+from uncovered import spread_posterior, uncovered_counts
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
@@ -21,17 +20,9 @@ AUTOCAST_DTYPES = [torch.bfloat16, torch.float16]
 
 
 def _posterior(compiled):
-    """A float32 posterior of a 60×50 layer, K = 64, components about as wide as the gaps between them (log σ
-    + 1.3): most weights uncovered, in bins of every nearby width, wide ones included; every 7th gate masked."""
-    g = torch.Generator().manual_seed(3)
-    w = torch.randn(60, 50, generator=g) * 0.1
-    config = sqs.SQSConfig(num_components=64, windows="outlier", temperature=5e-4, compile_kernels=compiled)
-    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        p.log_stds.add_(1.3)
-        p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g))
-        p.mask.view(-1)[::7] = False
-    return p
+    """A float32 posterior, K = 64, log σ + 1.3 (uncovered.spread_posterior): most weights uncovered, in bins of
+    every nearby width, wide ones included."""
+    return spread_posterior(64, 1.3, compiled, torch.float32)
 
 
 def _values_and_grads(p, second):

@@ -16,7 +16,14 @@ from sqs_core import _fused, chunked
 from sqs_core.onehot import ALL_LUMPED, NARROW, NARROW_WIDTHS
 from sqs_core.posterior import SpikeGMMPosterior
 from torch import nn
-from uncovered import evaluated_components, log_densities64, settled_count, uncovered_counts, uncovered_mask
+from uncovered import (
+    evaluated_components,
+    log_densities64,
+    settled_count,
+    spread_posterior,
+    uncovered_counts,
+    uncovered_mask,
+)
 
 # inductor's own use of torch.jit.script_method, not ours (its numpy warning: pyproject.toml)
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
@@ -109,20 +116,8 @@ def test_compiled_values_and_gradients_match_eager(small_chunks, case):
 
 
 def _eager_and_compiled(k, log_std_shift):
-    """An eager and a compiled float64 posterior of one 60×50 layer (K = ``k``, outlier windows, the paper's formula
-    at τ = 5e-4), alike: log σ shifted by ``log_std_shift``, random mixing weights, every 7th gate masked."""
-    posteriors = []
-    for compiled in (False, True):
-        g = torch.Generator().manual_seed(3)
-        w = torch.randn(60, 50, generator=g, dtype=torch.float64) * 0.1
-        config = sqs.SQSConfig(num_components=k, windows="outlier", temperature=5e-4, compile_kernels=compiled)
-        p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
-        with torch.no_grad():
-            p.log_stds.add_(log_std_shift)
-            p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=torch.float64))
-            p.mask.view(-1)[::7] = False
-        posteriors.append(p)
-    return posteriors
+    """An eager and a compiled float64 posterior, alike (uncovered.spread_posterior)."""
+    return [spread_posterior(k, log_std_shift, compiled) for compiled in (False, True)]
 
 
 def _assert_paths_agree(want, got):

@@ -1,12 +1,15 @@
 """The blocks of uncovered weights (sqs_core.onehot) of a posterior, as a training forward makes them, and a
-float64 reference of log(π_k N_k(θ)): helpers of test_fused, test_onehot and test_posterior."""
+float64 reference of log(π_k N_k(θ)): helpers of test_fused, test_onehot and test_posterior; and a posterior whose
+weights fill blocks of every width (test_fused, test_autocast)."""
 
 from collections import Counter
 
+import sqs_core as sqs
 import torch
 import torch.nn.functional as F
 from sqs_core import chunked
 from sqs_core.onehot import bin_components, bin_table, classify, columns_of, uncovered_blocks
+from sqs_core.posterior import SpikeGMMPosterior
 
 
 def _blocks(p, settled_inline=False):
@@ -66,3 +69,18 @@ def log_densities64(p) -> torch.Tensor:
     sd = p.log_stds.detach().double()
     q = F.log_softmax(p.mixing_logits.detach().double(), -1)[wid] - sd[wid]
     return q - 0.5 * ((th[:, None] - p.means.detach().double()[wid]) * torch.exp(-sd[wid])) ** 2
+
+
+def spread_posterior(k: int, log_std_shift: float, compiled: bool, dtype: torch.dtype = torch.float64):
+    """A posterior in ``dtype`` of one 60×50 layer (K = ``k``, outlier windows, the paper's formula at τ = 5e-4):
+    log σ shifted by ``log_std_shift`` (components about as wide as the gaps between them from ~0.8: most weights
+    uncovered, in bins of many widths), random mixing weights, every 7th gate masked."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(60, 50, generator=g, dtype=dtype) * 0.1
+    config = sqs.SQSConfig(num_components=k, windows="outlier", temperature=5e-4, compile_kernels=compiled)
+    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).to(dtype)
+    with torch.no_grad():
+        p.log_stds.add_(log_std_shift)
+        p.mixing_logits.add_(torch.randn(p.mixing_logits.shape, generator=g, dtype=dtype))
+        p.mask.view(-1)[::7] = False
+    return p
