@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._noise import output_std, weight_noise_std
 from .posterior import SpikeGMMPosterior
 
 log = logging.getLogger(__name__)
@@ -344,15 +345,15 @@ class SQSLayer(nn.Module):
             super().__setattr__(name, value)
 
     def _weight_and_variance(self, *, second: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(weight, Var_q or None) in the layer's dtype: the fixed weight, or the posterior's moments (float32 for
-        a half-precision layer, cast back)."""
+        """(weight, Var_q or None): the fixed weight, or the posterior's moments, θ^avg cast to the layer's dtype and
+        Var_q in the posterior's (float32 for a half-precision layer; sqs_core._noise rounds what it derives)."""
         if self.mode == "fixed":
             if self.fixed_weight is None:
                 raise RuntimeError("SQSLayer in fixed mode without a weight; call set_fixed_weight first")
             return self.fixed_weight, None
         mean, var = self.posterior.moments(second=second)
         dtype = self.posterior.weight_dtype
-        return mean.to(dtype), (None if var is None else var.to(dtype))
+        return mean.to(dtype), var
 
     def _forward_moments(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(weight, Var_q or None) for a forward: Var_q only in moment-matched training (a fixed layer has none)."""
@@ -365,8 +366,7 @@ class SQSLayer(nn.Module):
         weight, var = self._forward_moments()
         if var is None:
             return weight
-        std = torch.where(var > 0, var.clamp_min(1e-12).sqrt(), 0.0)
-        return weight + std * torch.randn_like(var)
+        return weight + weight_noise_std(var, weight.dtype) * torch.randn_like(weight)
 
     def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
         """The wrapped module's forward with the posterior's weight; arguments after ``x`` go to the adapter
@@ -380,9 +380,9 @@ class SQSLayer(nn.Module):
         out = forward(self.base_layer, x, weight, *args, **kwargs)
         if var is None:  # fixed, or the plug-in likelihood: the forward at θ^avg
             return out
-        var_input = x * x if self.adapter.square_input else x
-        out_var = forward_no_bias(self.base_layer, var_input, var, *args, **kwargs)
-        return out + torch.sqrt(out_var.clamp_min(1e-12)) * torch.randn_like(out)
+        dtype = self.posterior.weight_dtype
+        std = output_std(forward_no_bias, self.base_layer, x, var, dtype, self.adapter.square_input, *args, **kwargs)
+        return out + std.to(out.dtype) * torch.randn_like(out)
 
     def extra_repr(self) -> str:
         p = self.posterior
