@@ -8,7 +8,7 @@ import pytest
 import sqs_core as sqs
 import torch
 import torch.nn.functional as F
-from sqs_core.posterior import LOG_STD_MIN
+from sqs_core.posterior import LOG_STD_MAX, LOG_STD_MIN
 from torch import nn
 
 X, Y = torch.randn(6, 4, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 0, 1, 1, 0])
@@ -336,3 +336,36 @@ def test_functional_call_takes_the_kl_at_the_supplied_parameters_inside_the_call
         _forward_cache.log_other_tensors.cache_clear()
         objective(F.cross_entropy(model(X), Y))
         assert not caplog.records  # an ordinary step says nothing
+
+
+@pytest.mark.parametrize("log_std", [90.0, 300.0])
+def test_an_overflowing_std_is_capped_so_gradients_stay_finite(log_std):
+    """σ above float32's range (an SGD step too large for the loss put log σ at 95: σ = inf, and its
+    component's gradients NaN while the loss stayed finite) is evaluated at the cap, gradient 0. (The
+    moment-matched likelihood's variance at σ ≈ 9e18 overflows the layer's output: its NLL is refused.)"""
+    grads = []
+    for value in (log_std, LOG_STD_MAX):
+        model = prepared()
+        with torch.no_grad():
+            sqs.posteriors(model)["0"].log_stds.view(-1)[::2] = value
+        sqs.Objective(model, num_data=6)(F.cross_entropy(model(X), Y)).backward()
+        grads.append({name: p.grad for name, p in model.named_parameters() if p.grad is not None})
+    for name, grad in grads[0].items():
+        assert torch.isfinite(grad).all(), name
+        if not name.endswith("0.posterior.log_stds"):
+            assert torch.equal(grad, grads[1][name]), name
+    assert torch.all(grads[0]["0.posterior.log_stds"].view(-1)[::2] == 0)
+
+
+@pytest.mark.parametrize("attr", ["means", "log_stds", "mixing_logits"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_the_objective_names_a_non_finite_posterior_table(attr, value):
+    """A component no weight takes leaves the task loss and the KL finite, not the gradients: the Objective
+    names the layer and the parameter instead of passing NaN gradients to the optimizer (or, with the NLL
+    already NaN, saying only that)."""
+    model = prepared(num_components=4)
+    with torch.no_grad():
+        getattr(sqs.posteriors(model)["2"], attr).view(-1)[-1] = value
+    objective = sqs.Objective(model, num_data=6)
+    with pytest.raises(FloatingPointError, match=f"layer '2' holds NaN or inf in {attr}"):
+        objective(F.cross_entropy(model(X), Y))

@@ -9,13 +9,19 @@ summed over all weights of all compressed layers and divided by ``num_data`` onc
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
+from torch.nn.utils import get_total_norm
 
-from ._checks import check_int, check_non_negative
+from ._checks import check_finite_parameters, check_int, check_non_negative
 from .prepare import posteriors, prepared_config, sqs_layers
 
 __all__ = ["Objective"]
+
+TABLES = ("means", "log_stds", "mixing_logits")
+"""A posterior's (W, K) parameters: μ, log σ and the mixing logits."""
 
 
 class Objective:
@@ -32,10 +38,21 @@ class Objective:
 
     def kl(self) -> torch.Tensor:
         """The summed (unscaled) KL over every posterior of the model; a FloatingPointError naming the first
-        layer whose KL is NaN or inf."""
-        terms = {name: p.kl() for name, p in posteriors(self.model).items()}
+        layer whose KL is NaN or inf, or whose μ, log σ or mixing logits are (a component no weight takes as its
+        k* leaves the KL finite, but not the gradients: an inf σ after too large an optimizer step made log σ's
+        gradient NaN, and the next step's loss)."""
+        found = posteriors(self.model)
+        terms = {name: p.kl() for name, p in found.items()}
         kl = torch.stack(list(terms.values())).sum()
-        if not torch.isfinite(kl):
+        with torch.no_grad():  # one pass over every layer's (W, K) tables; a single device sync with the KL's
+            tables = [getattr(p, attr).detach() for p in found.values() for attr in TABLES]
+            largest = get_total_norm(tables, norm_type=math.inf).to(kl.device)
+        if not bool(torch.isfinite(kl) & torch.isfinite(largest)):
+            for name, p in found.items():
+                try:
+                    check_finite_parameters(name, p, TABLES, "the objective's gradients would be NaN")
+                except ValueError as err:
+                    raise FloatingPointError(str(err)) from None
             name, term = next((n, t) for n, t in terms.items() if not torch.isfinite(t))
             raise FloatingPointError(
                 f"the KL of layer {name!r} is {float(term.detach())}: its posterior holds NaN or inf (a non-finite "
@@ -46,11 +63,11 @@ class Objective:
     def __call__(self, nll: torch.Tensor) -> torch.Tensor:
         if not isinstance(nll, torch.Tensor) or nll.dim() != 0:
             raise ValueError("Objective expects the batch-mean task NLL as a scalar tensor")
-        if not torch.isfinite(nll):
-            raise FloatingPointError(f"task NLL is {float(nll.detach())}; refusing to propagate it into the posterior")
         if torch.is_grad_enabled():
             self._check_variational()
-        kl = self.kl()
+        kl = self.kl()  # first: a non-finite posterior, named, is the likelier cause of a non-finite NLL
+        if not torch.isfinite(nll):
+            raise FloatingPointError(f"task NLL is {float(nll.detach())}; refusing to propagate it into the posterior")
         loss = nll + (self.kl_weight / self.num_data) * kl
         if not torch.isfinite(loss):
             raise FloatingPointError(

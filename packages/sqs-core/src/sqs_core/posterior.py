@@ -52,6 +52,9 @@ SAMPLING_FLOOR = 1e-3
 # log σ's floor where the posterior is evaluated: σ ≥ √tiny(float32) ≈ 1.08e-19, K-means' floor (σ² normal).
 # Below about e^-88.7, 1/σ overflows float32 and every gradient of the layer's μ and log σ is NaN.
 LOG_STD_MIN = math.log(F32_STD_MIN)
+# log σ's ceiling, the floor mirrored (σ ≤ 1/√tiny ≈ 9.2e18, σ² ≈ 8.5e37 a finite float32): an optimizer step too
+# large for the loss once put log σ past 88.7, where σ = inf and its component's gradients 0·inf = NaN.
+LOG_STD_MAX = -LOG_STD_MIN
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -223,10 +226,11 @@ class SpikeGMMPosterior(nn.Module):
         return gaussian_kl(self.means, log_stds, self.config.prior.slab_std)
 
     def floored_log_stds(self) -> torch.Tensor:
-        """log σ (W, K) as the posterior uses it: floored at :data:`LOG_STD_MIN` (σ ≈ 1.08e-19, K-means' floor).
-        The floor's gradient is 0, so training cannot drive σ to where 1/σ overflows (NaN gradients); above
-        it the values and gradients are those of ``log_stds`` exactly."""
-        return self.log_stds.clamp(min=LOG_STD_MIN)
+        """log σ (W, K) as the posterior uses it: floored at :data:`LOG_STD_MIN` (σ ≈ 1.08e-19, K-means' floor)
+        and capped at :data:`LOG_STD_MAX` (σ ≈ 9.2e18). The clamp's gradient is 0 outside, so training cannot
+        drive σ to where 1/σ or σ² overflows (NaN gradients); between them the values and gradients are those of
+        ``log_stds`` exactly."""
+        return self.log_stds.clamp(min=LOG_STD_MIN, max=LOG_STD_MAX)
 
     @property
     def weight_dtype(self) -> torch.dtype:
