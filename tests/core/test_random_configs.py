@@ -106,11 +106,12 @@ configs = st.fixed_dictionaries(
     precision=st.sampled_from(["float32", "float64", "float16", "bfloat16", "float16 autocast", "bfloat16 autocast"]),
     weights=st.sampled_from(WEIGHTS),
     config=configs,
-    target=st.sampled_from([0.05, 0.5, 1.0]),
+    target=st.sampled_from([0.05, 0.5, 1.0, None]),  # None: what the pruning schedule left
+    per_layer=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_random_case_trains_and_round_trips_with_everything_finite(
-    kind, precision, weights, config, target, seed, tmp_path_factory
+    kind, precision, weights, config, target, per_layer, seed, tmp_path_factory
 ):
     dtype = getattr(torch, precision.split()[0]) if "autocast" not in precision else torch.float32
     autocast = getattr(torch, precision.split()[0]) if "autocast" in precision else None
@@ -124,17 +125,18 @@ def test_random_case_trains_and_round_trips_with_everything_finite(
     with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
         assume(bool(torch.isfinite(model(x)).all()))  # not a case the plain model overflows already
     sqs.prepare_(model, sqs.SQSConfig(**config, compile_kernels=False))
-    _train(model, x, y, target, autocast, weight_lr=1e-3 if config["train_weight"] else None)
+    _train(model, x, y, target or 0.5, autocast, weight_lr=1e-3 if config["train_weight"] else None)
     model.eval()
-    average = sqs.BayesianAverage(model, samples=2, nonzero=target, generator=torch.Generator().manual_seed(5))(x)
+    generator = torch.Generator().manual_seed(5)
+    average = sqs.BayesianAverage(model, samples=2, nonzero=target, per_layer=per_layer, generator=generator)(x)
     assert torch.isfinite(average).all()
-    sqs.greedy_(model, nonzero=target)
+    sqs.greedy_(model, nonzero=target, per_layer=per_layer)
     greedy = model(x)
     assert torch.isfinite(greedy).all()
     path = tmp_path_factory.mktemp("random") / "model.sqs"
-    sqs.save(model, path, nonzero=target)
+    sqs.save(model, path, nonzero=target, per_layer=per_layer)
     report = sqs.compression_report(path)
-    assert report.nonzero_rate <= target + 1 / report.compressed_weights
+    assert report.nonzero_rate <= (target or 0.5) + len(report.layers) / report.compressed_weights
     plain = sqs.load(path, _Net(kind).to(dtype).eval())
     assert torch.equal(plain(x), greedy)
     from_file = sqs.load_bayesian_average(
