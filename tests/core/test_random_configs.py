@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-KINDS = ["mlp", "conv", "embedding", "lstm", "attention", "transposed"]
+KINDS = ["mlp", "conv", "embedding", "lstm", "attention", "transposed", "tied"]
 WEIGHTS = ["normal", "constant", "three values", "tiny", "outliers", "half zero", "90% zero", "quantized"]
 
 
@@ -28,8 +28,11 @@ class _Net(nn.Module):
             "lstm": lambda: nn.LSTM(6, 16, batch_first=True),
             "attention": lambda: nn.MultiheadAttention(16, 2, batch_first=True),
             "transposed": lambda: nn.Sequential(nn.ConvTranspose1d(3, 2, 2), nn.Flatten(), nn.Linear(14, 16)),
+            "tied": lambda: nn.Embedding(20, 16),
         }[kind]()
-        self.head = nn.Linear(16, 5)
+        self.head = nn.Linear(16, 20 if kind == "tied" else 5)
+        if kind == "tied":  # a language model's head tied to its token embedding
+            self.head.weight = self.layer.weight
 
     def batch(self, dtype):
         gen = torch.Generator().manual_seed(1)
@@ -40,14 +43,14 @@ class _Net(nn.Module):
             "attention": (8, 4, 16),
             "transposed": (8, 3, 6),
         }
-        if self.kind == "embedding":
+        if self.kind in ("embedding", "tied"):
             return torch.randint(0, 20, (8, 4), generator=gen)
         x = torch.randn(shape[self.kind], generator=gen)
         x[0] = 0  # a padding row: Var[out] = 0 there
         return x.to(dtype)
 
     def forward(self, x):
-        if self.kind == "embedding":
+        if self.kind in ("embedding", "tied"):
             return self.head(self.layer(x).mean(1))
         if self.kind == "lstm":
             return self.head(self.layer(x)[0][:, -1])
