@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import time
 
 import numpy as np
@@ -15,6 +16,7 @@ from sqs_theory.hspace import (
     index_space_size,
     index_space_size_brute,
     index_space_size_sympy,
+    log_index_space_size,
     project_brute,
     project_exact,
     project_heuristic,
@@ -122,6 +124,29 @@ def test_index_space_size_is_exact_for_large_arguments():
     big = index_space_size(10_000, 50, 16)
     assert isinstance(big, int) and big > 2**64
     assert big == index_space_size_sympy(10_000, 50, 16)
+
+
+@settings(max_examples=60)
+@given(T=st.integers(0, 400), s=st.integers(0, 420), K=st.integers(1, 64))
+def test_index_space_size_is_the_literal_sum_and_its_log_the_log(T, s, K):
+    """The term recurrence against the paper's sum as written; the log-gamma log-sum-exp against log of the int."""
+    exact = index_space_size(T, s, K)
+    assert exact == sum(math.comb(T, j) * K**j for j in range(min(s, T) + 1))
+    assert log_index_space_size(T, s, K) == pytest.approx(math.log(exact), rel=1e-12, abs=1e-12)
+
+
+def test_log_index_space_size_of_a_network_takes_milliseconds():
+    """ResNet-20's T at 50% non-zero and K = 4: the exact integer has ~170,000 digits; its log is cheap."""
+    T, s = 270_000, 135_000
+    start = time.perf_counter()
+    logs = [log_index_space_size(T, s + d, 4) for d in (-1, 0, 1)]
+    assert time.perf_counter() - start < 5  # generous: ~15 ms here; the exact sum took minutes
+    assert logs[0] < logs[1] < logs[2] < T * math.log(5)  # grows with s, below (K + 1)^T
+    # the largest term alone bounds it from below, the (s + 1)-fold of it from above
+    top = math.lgamma(T + 1) - math.lgamma(s + 1) - math.lgamma(T - s + 1) + s * math.log(4)
+    assert top <= logs[1] <= top + math.log(s + 1)
+    exact = index_space_size(20_000, 10_000, 4)  # still exact at this size
+    assert log_index_space_size(20_000, 10_000, 4) == pytest.approx(math.log(exact), rel=1e-13)
 
 
 def test_heuristic_is_fast_for_large_t():
