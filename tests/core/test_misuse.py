@@ -3,6 +3,7 @@ fixed layers, half-compressed ties, Bayesian averaging that left its last draw b
 forward, bad adapters and flags."""
 
 import copy
+import re
 
 import pytest
 import sqs_core as sqs
@@ -192,6 +193,29 @@ def test_a_weight_tied_to_a_bare_parameter_is_refused():
 def test_both_sides_of_a_tie_still_compress_together():
     model = sqs.prepare_(TiedLM())
     assert len(sqs.posteriors(model)) == 1 and len(sqs.sqs_layers(model)) == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "differs"),
+    [
+        ({"^head$": {"num_components": 2}}, "num_components 4 vs 2"),
+        (
+            {"^emb$": {"windows": "none", "temperature": 0.01}},
+            "windows 'none' vs 'outlier', temperature 0.01 vs 0.0005",
+        ),
+        ({"^head$": {"responsibility": "standard"}}, "responsibility 'paper' vs 'standard'"),
+    ],
+)
+def test_overrides_that_split_a_tie_are_refused_and_change_nothing(overrides, differs):
+    """One posterior serves both layers of a tie: it was built with the first layer's settings, and an override
+    of the other was silently ignored (found by tests/core/test_random_configs.py)."""
+    model = TiedLM()
+    before = repr(model)
+    with pytest.raises(ValueError, match=r"'emb' and 'head' share one weight.*" + re.escape(f"({differs})")):
+        sqs.prepare_(model, sqs.SQSConfig(overrides=overrides))
+    assert repr(model) == before and not sqs.is_prepared(model)
+    both = sqs.prepare_(TiedLM(), sqs.SQSConfig(overrides={"^(emb|head)$": next(iter(overrides.values()))}))
+    assert len(sqs.posteriors(both)) == 1
 
 
 def _outputs(model):

@@ -6,6 +6,7 @@ that tests/core/test_noise_half.py pins down; every other failure it found was a
 has no float16 CPU kernel, weights of 10^15 overflow float32, float16 Adam).
 """
 
+import pytest
 import sqs_core as sqs
 import torch
 import torch.nn.functional as F
@@ -99,6 +100,14 @@ configs = st.fixed_dictionaries(
         "gate_init": st.sampled_from(["constant", "magnitude"]),
         "temperature": st.sampled_from([5e-4, 1e-2, 1.0]),
         "kl_weight": st.sampled_from([1e-3, 1.0]),
+        "overrides": st.sampled_from(
+            [
+                {},
+                {"head": {"skip": True}},
+                {"head": {"num_components": 2, "windows": "none"}},
+                {"^layer": {"temperature": 1e-2}},
+            ]
+        ),
     }
 )
 
@@ -127,7 +136,12 @@ def test_random_case_trains_and_round_trips_with_everything_finite(
     x, y = model.batch(dtype), torch.randint(0, 5, (8,), generator=gen)
     with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
         assume(bool(torch.isfinite(model(x)).all()))  # not a case the plain model overflows already
-    sqs.prepare_(model, sqs.SQSConfig(**config, compile_kernels=False))
+    full = sqs.SQSConfig(**config, compile_kernels=False)
+    if kind == "tied" and full.for_layer("layer") != full.for_layer("head"):  # one tie, two settings: refused
+        with pytest.raises(ValueError, match="tied"):
+            sqs.prepare_(model, full)
+        return
+    sqs.prepare_(model, full)
     _train(model, x, y, target or 0.5, autocast, weight_lr=1e-3 if config["train_weight"] else None)
     model.eval()
     generator = torch.Generator().manual_seed(5)

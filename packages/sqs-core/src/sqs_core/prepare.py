@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
 from ._checks import all_finite, check_flag
-from .config import SQSConfig
+from .config import OVERRIDABLE, SQSConfig
 from .layers import SQSLayer, adapter_for, compressed_names, own_forward, parameter_adapter
 from .posterior import SpikeGMMPosterior
 
@@ -153,6 +153,7 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     for name, module, _ in chosen:
         _check_weights(name, module)
     _check_ties(model, chosen)
+    _check_tied_settings(chosen)
     wrappers, created, shared = _wrap(chosen, torch.Generator().manual_seed(config.seed))
     frozen = [name for name, module, _ in chosen if not all(w.requires_grad for w in _weights(module))]
     for module, wrapper in wrappers:  # mutate only once everything above succeeded
@@ -294,6 +295,23 @@ def _check_ties(model: nn.Module, chosen) -> None:
                 raise ValueError(
                     f"the weight of layer {owners[id(param)]!r} is tied to {where!r}, which is not compressed: "
                     "compress both (include both, no skip) or neither"
+                )
+
+
+def _check_tied_settings(chosen) -> None:
+    """A ValueError where the overrides give layers that share a weight (one posterior) different settings: the
+    posterior was built with the first layer's and the other's override was silently ignored."""
+    first: dict[int, tuple[str, Any]] = {}
+    for name, module, layer_config in chosen:
+        for weight in _weights(module):
+            other, other_config = first.setdefault(id(weight), (name, layer_config))
+            if other_config != layer_config:
+                keys = [k for k in OVERRIDABLE if k != "skip" and getattr(other_config, k) != getattr(layer_config, k)]
+                settings = ", ".join(f"{k} {getattr(other_config, k)!r} vs {getattr(layer_config, k)!r}" for k in keys)
+                raise ValueError(
+                    f"layers {other!r} and {name!r} share one weight (tied), so one posterior, but the overrides "
+                    f"give them different settings ({settings}): give both the same, e.g. one override pattern "
+                    f"matching both names"
                 )
 
 
