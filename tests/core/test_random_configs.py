@@ -1,9 +1,13 @@
-"""Random model × dtype × weights × config × precision runs: prepare → schedule → train → average → greedy →
-save → load, with no NaN or inf anywhere and the loaded model computing what the greedy one computes.
+"""Random model × dtype × weights × config × precision runs: prepare → schedule → train → resume from a
+checkpoint → average → greedy → save → load, with no NaN or inf anywhere, the resumed model computing what the
+trained one computes, and the loaded model and the file's Bayesian average what the greedy model and the
+in-memory average compute.
 
 A hand-run version of this search (session 53, 650 random cases) found the float16 moment-matched NaN gradients
 that tests/core/test_noise_half.py pins down; every other failure it found was a plain model's own (torch's LSTM
-has no float16 CPU kernel, weights of 10^15 overflow float32, float16 Adam).
+has no float16 CPU kernel, weights of 10^15 overflow float32, float16 Adam). This test then found a log σ
+without a ceiling (σ = inf after too large a step) and overrides of one side of a tie silently ignored
+(tests/core/test_misuse.py).
 """
 
 import pytest
@@ -144,6 +148,9 @@ def test_random_case_trains_and_round_trips_with_everything_finite(
     sqs.prepare_(model, full)
     _train(model, x, y, target or 0.5, autocast, weight_lr=1e-3 if config["train_weight"] else None)
     model.eval()
+    resumed = sqs.prepare_(_Net(kind).to(dtype), full)  # another model's K-means, then the checkpoint
+    resumed.load_state_dict(model.state_dict())
+    assert torch.equal(resumed.eval()(x), model(x))
     generator = torch.Generator().manual_seed(5)
     average = sqs.BayesianAverage(model, samples=2, nonzero=target, per_layer=per_layer, generator=generator)(x)
     assert torch.isfinite(average).all()
