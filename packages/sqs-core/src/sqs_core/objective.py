@@ -38,9 +38,8 @@ class Objective:
 
     def kl(self) -> torch.Tensor:
         """The summed (unscaled) KL over every posterior of the model; a FloatingPointError naming the first
-        layer whose KL is NaN or inf, or whose μ, log σ or mixing logits are (a component no weight takes as its
-        k* leaves the KL finite, but not the gradients: an inf σ after too large an optimizer step made log σ's
-        gradient NaN, and the next step's loss)."""
+        layer whose KL is NaN or inf, or whose μ, log σ or mixing logits are (a NaN or inf in a component that no
+        weight takes as its k* leaves the loss and the KL finite, not the gradients)."""
         found = posteriors(self.model)
         terms = {name: p.kl() for name, p in found.items()}
         kl = torch.stack(list(terms.values())).sum()
