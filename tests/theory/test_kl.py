@@ -29,6 +29,29 @@ def test_quadrature_matches_closed_form_for_single_gaussians(m1, v1, m0, v0):
     assert abs(quad - exact) <= 1e-9 * max(1.0, exact)
 
 
+@given(
+    m1=st.floats(-1e300, 1e300),
+    m0=st.floats(-1e300, 1e300),
+    v1=st.floats(1e-300, 1e300),
+    v0=st.floats(1e-300, 1e300),
+)
+def test_gaussian_kl_is_never_nan_over_the_whole_float_range(m1, v1, m0, v0):
+    """log(var0 / var1) underflowed to −inf beside an overflowing var1 / var0: NaN instead of inf."""
+    value = float(kl_gaussian(m1, v1, m0, v0))
+    assert value >= -1e-12
+    with np.errstate(all="ignore"):  # the formula as it was, where its every part is a normal number
+        m1_, v1_, m0_, v0_ = (np.float64(t) for t in (m1, v1, m0, v0))
+        ratio, spread = v1_ / v0_, (m1_ - m0_) ** 2 / v0_
+        if np.isfinite(ratio) and np.isfinite(spread) and 0 < v0_ / v1_ < np.inf:
+            literal = 0.5 * (np.log(v0_ / v1_) + ratio + spread - 1.0)
+            assert value == pytest.approx(float(literal), rel=1e-12, abs=1e-12)
+
+
+def test_gaussian_kl_of_far_apart_variances_is_inf_not_nan():
+    assert float(kl_gaussian(0.0, 1e300, 1e10, 1e-30)) == math.inf
+    assert float(kl_gaussian(0.0, 1e-300, 0.0, 1e30)) == pytest.approx(0.5 * (330 * math.log(10) - 1), rel=1e-12)
+
+
 @settings(max_examples=6)
 @given(p=gaussian_mixtures(k_max=2), q=gaussian_mixtures(k_max=2))
 def test_quadrature_matches_mpmath_fallback_for_mixtures(p, q):

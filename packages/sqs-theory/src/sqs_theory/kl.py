@@ -98,7 +98,10 @@ class GaussianMixture:
 
 
 def kl_gaussian(mu1: Any, var1: Any, mu0: Any, var0: Any) -> np.ndarray:
-    """Closed-form ``KL(N(mu1, var1) || N(mu0, var0))`` (the summand of ``Part 2``); finite means, variances > 0."""
+    """Closed-form ``KL(N(mu1, var1) || N(mu0, var0))`` (the summand of ``Part 2``); finite means, variances > 0.
+
+    Finite or +inf, never NaN: log var0 − log var1 rather than log(var0 / var1), whose ratio underflowed to 0 beside
+    a var1 / var0 that overflowed (var1 = 1e300, var0 = 1e-30 gave −inf + inf)."""
     mu1, mu0 = check.finite_array("mu1", mu1), check.finite_array("mu0", mu0)
     var1, var0 = check.finite_array("var1", var1, positive=True), check.finite_array("var0", var0, positive=True)
     try:
@@ -108,7 +111,8 @@ def kl_gaussian(mu1: Any, var1: Any, mu0: Any, var0: Any) -> np.ndarray:
             f"{k} {a.shape}" for k, a in zip(("mu1", "var1", "mu0", "var0"), (mu1, var1, mu0, var0), strict=True)
         )
         raise ValueError(f"the arguments must broadcast together, got shapes {shapes}") from None
-    return 0.5 * (np.log(var0 / var1) + (var1 + (mu1 - mu0) ** 2) / var0 - 1.0)
+    with np.errstate(over="ignore"):  # an overflow is the answer: the KL is +inf there
+        return 0.5 * (np.log(var0) - np.log(var1) + var1 / var0 + (mu1 - mu0) ** 2 / var0 - 1.0)
 
 
 def kl_bernoulli(a: Any, b: Any) -> np.ndarray:
