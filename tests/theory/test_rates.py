@@ -105,3 +105,31 @@ def test_sigma_n_is_tiny_and_satisfies_condition_bound(g):
     bound = cond_bound_sigma_sq(g.T, g.n, r_n(g.n, g.L, g.N, g.s, g.p))
     if not math.isnan(bound):
         assert log_sigma_n_sq(g.n, g.s, g.L, g.N, g.p, 3.0) <= math.log(bound)
+
+
+@given(
+    n=st.floats(1.0 + 1e-9, 1e300),
+    s=st.floats(1e-300, 1e300),
+    L=st.integers(1, 10**9),
+    N=st.integers(1, 10**9),
+    p=st.integers(1, 10**6),
+    delta=st.floats(1e-6, 1e6),
+)
+def test_rates_are_never_nan_over_the_whole_float_range(n, s, L, N, p, delta):
+    """r_n's literal form gave 0 * inf = NaN (n = 1e100, s = 1e-300) and M_max 0 / 0 (N = 1, s = n p^2); each
+    is finite, ±inf or 0 now, or a ValueError naming r_n < 0, and equals the literal form where its parts fit."""
+    rate, margin = r_n(n, L, N, s, p), lambda_condition_max_m(n, L, N, s, p, delta)
+    assert not math.isnan(rate) and not math.isnan(margin) and margin >= 0
+    assert not math.isnan(s_n(s, n, delta))
+    if rate >= 0:
+        assert not math.isnan(eps_n(n, L, N, s, p, delta))
+    else:
+        with pytest.raises(ValueError, match=r"r_n = .* < 0"):
+            eps_n(n, L, N, s, p, delta)
+    try:
+        literal = (L + 1) * s / n * math.log(N) + s / n * math.log(p * math.sqrt(n / s))
+    except (OverflowError, ValueError, ZeroDivisionError):
+        return
+    if math.isfinite(literal) and s / n > 1e-300:  # to rounding of its terms (they may cancel)
+        scale = s / n * ((L + 1) * math.log(N) + math.log(p) + 0.5 * abs(math.log(n) - math.log(s)))
+        assert rate == pytest.approx(literal, rel=1e-9, abs=1e-12 * scale)

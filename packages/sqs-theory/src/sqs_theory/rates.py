@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -32,6 +33,15 @@ __all__ = [
     "s_n",
     "sigma_n_bracket",
 ]
+
+
+_LOG_FLOAT_MAX = math.log(sys.float_info.max)
+
+
+def _log_power(n: float, a: float) -> float:
+    """log(n)^a for n > 1: +inf past float range (``**`` raised OverflowError there), 0 below it."""
+    exponent = a * math.log(math.log(n))
+    return math.exp(exponent) if exponent < _LOG_FLOAT_MAX else math.inf
 
 
 def _architecture(L: int, N: int, p: int) -> tuple[int, int, int]:
@@ -58,16 +68,36 @@ def n_params(L: int, N: int, p: int) -> int:
 
 
 def r_n(n: float, L: int, N: int, s: float, p: int) -> float:
-    """``r_n(L, p, s) = ((L + 1) s / n) log N + (s / n) log(p sqrt(n / s))`` (Appendix B, eq. def_sstar)."""
+    """``r_n(L, p, s) = ((L + 1) s / n) log N + (s / n) log(p sqrt(n / s))`` (Appendix B, eq. def_sstar).
+
+    Evaluated as (s / n) [(L + 1) log N + log p + (log n − log s) / 2]: a finite bracket times s / n, so finite,
+    ±inf or 0, never NaN (the literal form gave 0 · inf = NaN at n = 1e100, s = 1e-300, and with N = 1 at
+    (L + 1) s past float range)."""
     n, s, (L, N, p) = _n(n), _s(s), _architecture(L, N, p)
-    return (L + 1) * s / n * math.log(N) + s / n * math.log(p * math.sqrt(n / s))
+    return (s / n) * _rate_bracket(n, L, N, s, p)
+
+
+def _rate_bracket(n: float, L: int, N: int, s: float, p: int) -> float:
+    """b = (L + 1) log N + log p + (log n − log s) / 2, so that r_n = (s / n) b: finite for finite n, s > 0."""
+    return (L + 1) * math.log(N) + math.log(p) + 0.5 * (math.log(n) - math.log(s))
 
 
 def eps_n(n: float, L: int, N: int, s: float, p: int, delta: float) -> float:
     """``eps_n = sqrt(r_n) log^delta(n)`` (Lemma ``lmbound1``); ``n > 1``, ``delta > 0``."""
     _n(n, log_power=True)
     _delta(delta)
-    return math.sqrt(r_n(n, L, N, s, p)) * math.log(n) ** delta
+    rate = r_n(n, L, N, s, p)
+    if rate < 0:
+        raise ValueError(
+            f"r_n = {rate:.6g} < 0 at n={n!r}, L={L!r}, N={N!r}, s={s!r}, p={p!r} (s above n p^2 N^(2(L+1))): "
+            "eps_n = sqrt(r_n) is undefined"
+        )
+    b = _rate_bracket(n, L, N, s, p)
+    if b == 0:
+        return 0.0
+    # in log space: sqrt(r_n) may underflow to 0 beside a log^delta(n) past float range (0 * inf = NaN)
+    log_eps = 0.5 * (math.log(s) - math.log(n) + math.log(b)) + delta * math.log(math.log(n))
+    return math.exp(log_eps) if log_eps < _LOG_FLOAT_MAX else math.inf
 
 
 def s_n(s: float, n: float, delta: float) -> float:
@@ -75,7 +105,7 @@ def s_n(s: float, n: float, delta: float) -> float:
     _s(s)
     _n(n, log_power=True)
     _delta(delta)
-    return s * math.log(n) ** (2 * delta - 1)
+    return s * _log_power(n, 2 * delta - 1)
 
 
 def neg_log_lambda(n: float, L: int, N: int, p: int, delta: float, *, T: int | None = None) -> float:
@@ -92,14 +122,19 @@ def lambda_condition_max_m(n: float, L: int, N: int, s: float, p: int, delta: fl
     """Largest ``M`` with ``lambda <= T^-1 exp(-M n r_n / s_n)`` for the Theorem's lambda.
 
     Lemma ``lmbound1`` needs this for a diverging ``M``: ``M_max = (-log lambda - log T) s_n / (n r_n)``.
-    ``n > 1``, ``s > 0``, ``delta > 0``.
+    ``n > 1``, ``s > 0``, ``delta > 0``. With s_n / (n r_n) = log^(2 delta - 1)(n) / b, b = (L + 1) log N + log p
+    + (log n - log s) / 2 (s cancels), and -log lambda - log T = delta [(L + 1) log N + log(sqrt(n) p)], it is
+    evaluated in log space: the literal product gave 0 * inf = NaN and 0 / 0 at the edges of float range. +inf
+    where b <= 0 (r_n <= 0: every M >= 0 satisfies the condition, the margin being >= 0).
     """
-    _n(n, log_power=True)
-    _s(s)
-    _delta(delta)
-    _architecture(L, N, p)
-    margin = neg_log_lambda(n, L, N, p, delta) - math.log(n_params(L, N, p))
-    return margin * s_n(s, n, delta) / (n * r_n(n, L, N, s, p))
+    n, s, delta, (L, N, p) = _n(n, log_power=True), _s(s), _delta(delta), _architecture(L, N, p)
+    log_n = math.log(n)
+    b = _rate_bracket(n, L, N, s, p)
+    if b <= 0:
+        return math.inf
+    margin_terms = (L + 1) * math.log(N) + math.log(p) + 0.5 * log_n  # > 0: n > 1
+    log_m = math.log(delta) + math.log(margin_terms) + (2 * delta - 1) * math.log(log_n) - math.log(b)
+    return math.exp(log_m) if log_m < _LOG_FLOAT_MAX else math.inf
 
 
 def sigma_n_bracket(p: int, B: float, N: int, squared: bool) -> float:
