@@ -38,10 +38,14 @@ __all__ = [
 _LOG_FLOAT_MAX = math.log(sys.float_info.max)
 
 
-def _log_power(n: float, a: float) -> float:
-    """log(n)^a for n > 1: +inf past float range (``**`` raised OverflowError there), 0 below it."""
-    exponent = a * math.log(math.log(n))
+def _exp_or_inf(exponent: float) -> float:
+    """e^exponent, +inf past float range (``math.exp`` and ``**`` raise OverflowError there), 0 below it."""
     return math.exp(exponent) if exponent < _LOG_FLOAT_MAX else math.inf
+
+
+def _log_power(n: float, a: float) -> float:
+    """log(n)^a for n > 1."""
+    return _exp_or_inf(a * math.log(math.log(n)))
 
 
 def _architecture(L: int, N: int, p: int) -> tuple[int, int, int]:
@@ -96,8 +100,7 @@ def eps_n(n: float, L: int, N: int, s: float, p: int, delta: float) -> float:
     if b == 0:
         return 0.0
     # in log space: sqrt(r_n) may underflow to 0 beside a log^delta(n) past float range (0 * inf = NaN)
-    log_eps = 0.5 * (math.log(s) - math.log(n) + math.log(b)) + delta * math.log(math.log(n))
-    return math.exp(log_eps) if log_eps < _LOG_FLOAT_MAX else math.inf
+    return _exp_or_inf(0.5 * (math.log(s) - math.log(n) + math.log(b)) + delta * math.log(math.log(n)))
 
 
 def s_n(s: float, n: float, delta: float) -> float:
@@ -133,8 +136,7 @@ def lambda_condition_max_m(n: float, L: int, N: int, s: float, p: int, delta: fl
     if b <= 0:
         return math.inf
     margin_terms = (L + 1) * math.log(N) + math.log(p) + 0.5 * log_n  # > 0: n > 1
-    log_m = math.log(delta) + math.log(margin_terms) + (2 * delta - 1) * math.log(log_n) - math.log(b)
-    return math.exp(log_m) if log_m < _LOG_FLOAT_MAX else math.inf
+    return _exp_or_inf(math.log(delta) + math.log(margin_terms) + (2 * delta - 1) * math.log(log_n) - math.log(b))
 
 
 def sigma_n_bracket(p: int, B: float, N: int, squared: bool) -> float:
