@@ -101,6 +101,14 @@ def test_no_results_is_a_clear_error(tmp_path):
         build_report(tmp_path)
 
 
+@pytest.mark.parametrize("prefix", ["../escape", "", "a/b", ".", "..", ".hidden", "a\\b", "x\0y", 3])
+def test_a_prefix_that_is_not_a_plain_file_name_is_refused_before_anything_is_written(results_dir, prefix):
+    out = results_dir / "out"
+    with pytest.raises(ValueError, match="prefix"):
+        build_report(results_dir, out, prefix=prefix)
+    assert not out.exists() and not (results_dir.parent / "escape.json").exists()
+
+
 def test_summary_json_holds_the_issue_keys(results_dir):
     build_report(results_dir, results_dir / "out", prefix="cifar10")
     table1 = json.loads((results_dir / "out" / "cifar10.json").read_text())

@@ -12,6 +12,7 @@ import functools
 import io
 import json
 import logging
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -312,9 +313,22 @@ def summaries(results: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, 
     return common | {"rows": table1_rows, "paper": paper}, common | {"ablations": ablations}
 
 
+_PREFIX = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+
+
+def _check_prefix(prefix: Any) -> None:
+    """A ValueError unless ``prefix`` names a file inside the output folder (no separator, not hidden)."""
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+        raise ValueError(
+            f"prefix must be a plain file name (letters, digits, '.', '_', '-', not starting with '.'), got {prefix!r}"
+        )
+
+
 def build_report(results_dir: str | Path, out_dir: str | Path | None = None, *, prefix: str = "results") -> Path:
     """Write ``report.md``, one PNG per recipe, ``<prefix>.json`` (Table 1 rows) and
-    ``<prefix>_ablations.json`` into ``out_dir`` (default: ``results_dir``)."""
+    ``<prefix>_ablations.json`` into ``out_dir`` (default: ``results_dir``); ``prefix`` is a plain file name
+    (letters, digits, ``.``, ``_``, ``-``; not starting with ``.``), checked before anything is read or written."""
+    _check_prefix(prefix)
     results = load_results(results_dir)
     out = prepare_out_dir(out_dir if out_dir is not None else results_dir)
     by_recipe: dict[str, list[dict]] = defaultdict(list)
