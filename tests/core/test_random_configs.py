@@ -10,6 +10,8 @@ without a ceiling (σ = inf after too large a step) and overrides of one side of
 (tests/core/test_misuse.py).
 """
 
+import re
+
 import pytest
 import sqs_core as sqs
 import torch
@@ -18,7 +20,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-KINDS = ["mlp", "conv", "embedding", "lstm", "gru", "attention", "transposed", "conv3d", "tied", "reused"]
+KINDS = ["mlp", "conv", "embedding", "lstm", "gru", "rnn", "attention", "transposed", "transposed2d", "conv3d"]
+KINDS += ["tied", "reused", "custom"]
 WEIGHTS = ["normal", "constant", "three values", "tiny", "outliers", "half zero", "90% zero", "quantized"]
 
 
@@ -37,6 +40,11 @@ class _Net(nn.Module):
             "gru": lambda: nn.GRU(6, 16, batch_first=True),
             "conv3d": lambda: nn.Sequential(nn.Conv3d(2, 2, 2), nn.Flatten(), nn.Linear(16, 16)),
             "reused": lambda: nn.Linear(16, 16),  # one module called twice in a forward
+            "rnn": lambda: nn.RNN(6, 8, num_layers=2, nonlinearity="relu", bidirectional=True, batch_first=True),
+            "transposed2d": lambda: nn.Sequential(
+                nn.ConvTranspose2d(4, 2, 2, stride=2, groups=2, bias=False), nn.Flatten(), nn.Linear(32, 16)
+            ),
+            "custom": lambda: Scaled(12, 16),  # a user's layer type, registered with an adapter
         }[kind]()
         self.head = nn.Linear(16, 20 if kind == "tied" else 5)
         if kind == "tied":  # a language model's head tied to its token embedding
@@ -53,6 +61,9 @@ class _Net(nn.Module):
             "gru": (8, 4, 6),
             "conv3d": (8, 2, 3, 3, 3),
             "reused": (8, 16),
+            "rnn": (8, 4, 6),
+            "transposed2d": (8, 4, 2, 2),
+            "custom": (8, 12),
         }
         if self.kind in ("embedding", "tied"):
             return torch.randint(0, 20, (8, 4), generator=gen)
@@ -63,13 +74,32 @@ class _Net(nn.Module):
     def forward(self, x):
         if self.kind in ("embedding", "tied"):
             return self.head(self.layer(x).mean(1))
-        if self.kind in ("lstm", "gru"):
+        if self.kind in ("lstm", "gru", "rnn"):
             return self.head(self.layer(x)[0][:, -1])
         if self.kind == "reused":
             return self.head(self.layer(torch.relu(self.layer(x))))
         if self.kind == "attention":
             return self.head(self.layer(x, x, x)[0].mean(1))
         return self.head(torch.relu(self.layer(x)))
+
+
+class Scaled(nn.Module):
+    """A user's layer: y = s · x Kᵀ, its weight named ``kernel``, made eligible with register_layer_type."""
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.kernel = nn.Parameter(torch.randn(n_out, n_in) / n_in**0.5)
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        return self.scale * F.linear(x, self.kernel)
+
+
+def _scaled(base, x, weight):
+    return base.scale * F.linear(x, weight)
+
+
+sqs.register_layer_type(Scaled, sqs.LayerAdapter(forward=_scaled, forward_no_bias=_scaled, weight_name="kernel"))
 
 
 def _drawn(p, how, gen):
@@ -112,6 +142,8 @@ configs = st.fixed_dictionaries(
         "gate_init": st.sampled_from(["constant", "magnitude"]),
         "temperature": st.sampled_from([5e-4, 1e-2, 1.0]),
         "kl_weight": st.sampled_from([1e-3, 1.0]),
+        "include": st.sampled_from([(), ("^layer",)]),
+        "exclude": st.sampled_from([(), (r"^head$",)]),
         "overrides": st.sampled_from(
             [
                 {},
@@ -149,7 +181,7 @@ def test_random_case_trains_and_round_trips_with_everything_finite(
     with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
         assume(bool(torch.isfinite(model(x)).all()))  # not a case the plain model overflows already
     full = sqs.SQSConfig(**config, compile_kernels=False)
-    if kind == "tied" and full.for_layer("layer") != full.for_layer("head"):  # one tie, two settings: refused
+    if kind == "tied" and _settings(full, "layer") != _settings(full, "head"):  # one tie, two settings: refused
         with pytest.raises(ValueError, match="tied"):
             sqs.prepare_(model, full)
         return
@@ -159,6 +191,13 @@ def test_random_case_trains_and_round_trips_with_everything_finite(
     resumed = sqs.prepare_(_Net(kind).to(dtype), full)  # another model's K-means, then the checkpoint
     resumed.load_state_dict(model.state_dict())
     assert torch.equal(resumed.eval()(x), model(x))
+    with torch.no_grad():  # torch's kernels (nn.MultiheadAttention's fast path, matmul folding) follow grad
+        _check_inference(model, x, kind, dtype, target, per_layer, tmp_path_factory)
+    _back_to_training_then_sampled(model, x, y, target, per_layer, autocast, config["train_weight"])
+
+
+def _check_inference(model, x, kind, dtype, target, per_layer, tmp_path_factory):
+    """Average, greedy, save, report, load, the file's average: finite, and the files computing what the model does."""
     generator = torch.Generator().manual_seed(5)
     average = sqs.BayesianAverage(model, samples=2, nonzero=target, per_layer=per_layer, generator=generator)(x)
     assert torch.isfinite(average).all()
@@ -169,23 +208,51 @@ def test_random_case_trains_and_round_trips_with_everything_finite(
     sqs.save(model, path, nonzero=target, per_layer=per_layer)
     report = sqs.compression_report(path)
     assert report.nonzero_rate <= (target or 0.5) + len(report.layers) / report.compressed_weights
-    plain = sqs.load(path, _Net(kind).to(dtype).eval())
+    plain = sqs.load(path, _skeleton(kind, dtype))
     assert torch.equal(plain(x), greedy)
     from_file = sqs.load_bayesian_average(
-        path, _Net(kind).to(dtype).eval(), samples=2, generator=torch.Generator().manual_seed(5)
+        path, _skeleton(kind, dtype), samples=2, generator=torch.Generator().manual_seed(5)
     )
     assert torch.equal(from_file(x), average)  # the file's draws are the posterior's
 
 
-def _train(model, x, y, target, autocast, weight_lr):
-    """Five steps of the user's loop: both schedules, the Objective, Adam on the float32 / float64 parameters
+def _back_to_training_then_sampled(model, x, y, target, per_layer, autocast, train_weight):
+    """A greedy model put back to training (variational_) takes one more step; two draws from one seed agree."""
+    sqs.variational_(model).train()
+    _train(model, x, y, target or 0.5, autocast, weight_lr=1e-3 if train_weight else None, steps=1)
+    model.eval()
+    draws = [
+        sqs.sample_(model, nonzero=target, per_layer=per_layer, generator=torch.Generator().manual_seed(3))(x)
+        for _ in range(2)
+    ]
+    assert torch.isfinite(draws[0]).all()
+    assert torch.equal(draws[0], draws[1])
+
+
+def _skeleton(kind, dtype):
+    """A plain model to load into, its parameters not requiring grad as the greedy model's fixed weights do not:
+    torch's kernel choices follow requires_grad (a two-layer bidirectional nn.RNN's matmuls land last bits apart)."""
+    return _Net(kind).to(dtype).eval().requires_grad_(False)
+
+
+def _settings(config, name):
+    """The layer ``name``'s settings under ``config``, None where it stays dense (not included, excluded, skipped)."""
+    if config.include and not any(re.search(p, name) for p in config.include):
+        return None
+    if any(re.search(p, name) for p in config.exclude):
+        return None
+    return config.for_layer(name)
+
+
+def _train(model, x, y, target, autocast, weight_lr, steps=5):
+    """``steps`` steps of the user's loop: both schedules, the Objective, Adam on the float32 / float64 parameters
     (float16 weights under Adam are a float16 matter), every gradient checked."""
     groups = sqs.param_groups(model, quant_lr=1e-3, gate_lr=1e-2, other_lr=1e-3, weight_lr=weight_lr)
     opt = torch.optim.Adam([p for g in groups for p in g["params"] if p.dtype in (torch.float32, torch.float64)])
     objective = sqs.Objective(model, num_data=100)
     pruning = sqs.PruningSchedule(model, target_nonzero=target, total_steps=4)
     gate_temperature = sqs.GateTemperatureSchedule(model, total_steps=4)
-    for step in range(5):
+    for step in range(steps):
         pruning.step(step)
         gate_temperature.step(step)
         with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
