@@ -79,6 +79,31 @@ def test_exact_dp_matches_brute_force(x, data):
     assert exact.cost == pytest.approx(float(((exact.theta - x) ** 2).sum()), abs=1e-12)
 
 
+@st.composite
+def far_from_zero(draw: st.DrawFn):
+    """Entries spread by ~1 around a common offset of up to 10^12 (or around ±offset, two clusters): the run
+    costs as differences of prefix sums of squares lose every digit there (session 54)."""
+    offset = 10.0 ** draw(st.integers(0, 12))
+    T = draw(st.integers(2, 6))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))  # values with every digit used, unlike
+    spread = rng.normal(size=T) * draw(st.sampled_from([0.1, 1.0, 3.0]))  # hypothesis' short floats
+    signs = rng.choice([-1.0, 1.0], size=T)
+    two_clusters = draw(st.booleans())
+    return offset * (signs if two_clusters else 1.0) + spread, offset
+
+
+@settings(max_examples=300)
+@given(case=far_from_zero(), data=st.data())
+def test_exact_dp_and_quantizer_are_exact_far_from_zero(case, data):
+    x, offset = case
+    s, K = data.draw(st.integers(1, x.size)), data.draw(st.integers(1, 3))
+    B = 2 * offset
+    exact, brute = project_exact(x, s=s, K=K, B=B), project_brute(x, s=s, K=K, B=B)
+    assert exact.cost <= brute.cost * (1 + 1e-6) + 1e-9 * offset
+    quantized = quantize_exact(x, K=K, B=B)
+    assert quantized.cost <= _best_quantization_cost(x, K, B) * (1 + 1e-6) + 1e-9 * offset
+
+
 @given(x=small_vectors(max_T=10), data=st.data())
 def test_heuristic_lands_in_h_and_never_beats_the_exact_dp(x, data):
     s, K, B = data.draw(hspace_params(x.size))
@@ -96,8 +121,8 @@ def test_the_optimal_support_is_not_the_top_s_magnitudes():
     assert best.cost < top_cost - 20
 
 
-@given(v=small_vectors(max_T=6), K=st.integers(1, 3), B=st.floats(0.5, 5.0))
-def test_quantize_exact_matches_brute_force_over_labellings(v, K, B):
+def _best_quantization_cost(v, K, B):
+    """The least squared error of K levels in [-B, B] for the entries of ``v``, over every labelling."""
     best = np.inf
     for labels in itertools.product(range(K), repeat=v.size):
         lab = np.array(labels)
@@ -107,8 +132,13 @@ def test_quantize_exact_matches_brute_force_over_labellings(v, K, B):
                 c = float(np.clip(v[lab == k].mean(), -B, B))
                 cost += float(((v[lab == k] - c) ** 2).sum())
         best = min(best, cost)
+    return best
+
+
+@given(v=small_vectors(max_T=6), K=st.integers(1, 3), B=st.floats(0.5, 5.0))
+def test_quantize_exact_matches_brute_force_over_labellings(v, K, B):
     q = quantize_exact(v, K=K, B=B)
-    assert q.cost == pytest.approx(best, abs=1e-9)
+    assert q.cost == pytest.approx(_best_quantization_cost(v, K, B), abs=1e-9)
     assert np.unique(q.theta).size <= K
 
 

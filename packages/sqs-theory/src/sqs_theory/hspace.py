@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -135,15 +136,21 @@ class Projection:
     method: str
 
 
-def _prefix(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return np.concatenate([[0.0], np.cumsum(xs)]), np.concatenate([[0.0], np.cumsum(xs**2)])
+# Run costs come from each run's mean and centred sum of squares, updated one entry at a time (Welford): the
+# shorter form as differences of prefix sums, sum(x^2) - 2c sum(x) + n c^2, cancels every digit for entries far
+# from zero (10^8 +- 1), and the DP then picked a partition up to 2.5x worse than the optimum (session 54).
 
 
-def _run_cost(s1: np.ndarray, s2: np.ndarray, a: int, e: int, B: float) -> tuple[float, float]:
+def _run_cost(xs: np.ndarray, a: int, e: int, B: float) -> tuple[float, float]:
     """(SSE, level) of the run ``xs[a:e]`` set to its mean clipped to [-B, B]."""
-    tot, n = s1[e] - s1[a], e - a
-    c = float(np.clip(tot / n, -B, B))
-    return float(s2[e] - s2[a] - 2 * c * tot + n * c * c), c
+    run = xs[a:e]
+    c = float(np.clip(run.mean(), -B, B))
+    return float(((run - c) ** 2).sum()), c
+
+
+def _clipped_cost(count: Any, mean: Any, m2: Any, B: float) -> Any:
+    """SSE of runs with ``count`` entries, ``mean`` and centred sum of squares ``m2``, set to the clipped mean."""
+    return m2 + count * (mean - np.clip(mean, -B, B)) ** 2
 
 
 def project_exact(x: np.ndarray, *, s: int, K: int, B: float) -> Projection:
@@ -153,7 +160,6 @@ def project_exact(x: np.ndarray, *, s: int, K: int, B: float) -> Projection:
     T, s = x.size, min(s, x.size)
     order = np.argsort(x, kind="stable")
     xs = x[order]
-    s1, s2 = _prefix(xs)
     f = np.full((T + 1, K + 1, s + 1), np.inf)  # f[i, j, m]: first i sorted entries, j runs, m kept
     parent = np.full((T + 1, K + 1, s + 1), -2, dtype=np.int64)  # -1: entry i-1 -> 0; a >= 0: run [a, i)
     f[0, 0, 0] = 0.0
@@ -161,9 +167,12 @@ def project_exact(x: np.ndarray, *, s: int, K: int, B: float) -> Projection:
         cand = f[i] + xs[i] ** 2
         better = cand < f[i + 1]
         f[i + 1][better], parent[i + 1][better] = cand[better], -1
+        mean = m2 = 0.0
         for e in range(i + 1, min(T, i + s) + 1):
-            length = e - i
-            cand = f[i, :K, : s + 1 - length] + _run_cost(s1, s2, i, e, B)[0]
+            length, step = e - i, xs[e - 1] - mean
+            mean += step / length
+            m2 += step * (xs[e - 1] - mean)
+            cand = f[i, :K, : s + 1 - length] + _clipped_cost(length, mean, m2, B)
             tgt = f[e, 1:, length:]
             better = cand < tgt
             tgt[better] = cand[better]
@@ -175,7 +184,7 @@ def project_exact(x: np.ndarray, *, s: int, K: int, B: float) -> Projection:
         if a == -1:
             e -= 1
             continue
-        theta_sorted[a:e] = _run_cost(s1, s2, a, e, B)[1]
+        theta_sorted[a:e] = _run_cost(xs, a, e, B)[1]
         j, m, e = j - 1, m - (e - a), a
     theta = np.empty(T)
     theta[order] = theta_sorted
@@ -215,17 +224,18 @@ def quantize_exact(values: np.ndarray, *, K: int, B: float) -> Projection:
     if n == 0:
         return Projection(theta=v.copy(), cost=0.0, method="quantize-exact")
     order = np.argsort(v, kind="stable")
-    s1, s2 = _prefix(v[order])
+    vs = v[order]
     g = np.full((K + 1, n + 1), np.inf)
     g[0, 0] = 0.0
     arg = np.zeros((K + 1, n + 1), dtype=np.int64)
-    a_idx = np.arange(n)
+    starts = np.arange(n, dtype=float)
+    means, m2s = np.zeros(n), np.zeros(n)  # of the runs [a, e), a < e, one entry added per e (Welford)
     for e in range(1, n + 1):
-        a = a_idx[:e]
-        cnt = e - a
-        tot = s1[e] - s1[a]
-        c = np.clip(tot / cnt, -B, B)
-        run = s2[e] - s2[a] - 2 * c * tot + cnt * c * c  # (e,)
+        cnt = e - starts[:e]
+        step = vs[e - 1] - means[:e]
+        means[:e] += step / cnt
+        m2s[:e] += step * (vs[e - 1] - means[:e])
+        run = _clipped_cost(cnt, means[:e], m2s[:e], B)  # (e,)
         for k in range(1, K + 1):
             cand = g[k - 1, :e] + run
             arg[k, e] = int(np.argmin(cand))
@@ -233,7 +243,7 @@ def quantize_exact(values: np.ndarray, *, K: int, B: float) -> Projection:
     k, e, out = int(np.argmin(g[:, n])), n, np.empty(n)
     while e > 0:
         start = int(arg[k, e])
-        out[start:e] = _run_cost(s1, s2, start, e, B)[1]
+        out[start:e] = _run_cost(vs, start, e, B)[1]
         k, e = k - 1, start
     theta = np.empty(n)
     theta[order] = out
