@@ -106,6 +106,31 @@ def test_posterior_validation():
         SpikeGMMPosterior(lam_tilde=np.ones(1), phi=np.ones((1, 1)), mu=np.zeros(1), var=np.ones(1)).atoms()
 
 
+@pytest.mark.parametrize("field", ["lam_tilde", "phi", "mu", "var"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_entry_is_refused_with_its_name(field, bad):
+    parts = {"lam_tilde": np.full(2, 0.5), "phi": np.full((2, 2), 0.5), "mu": np.ones(2), "var": np.ones(2)}
+    parts[field].flat[0] = bad
+    with pytest.raises(ValueError, match=field):
+        SpikeGMMPosterior(**parts)
+
+
+@given(
+    lam_tilde=st.one_of(st.just(1.0), st.floats(0.0, 1.0)),
+    mu=st.floats(-1e6, 1e6),
+    spread=st.sampled_from([1e-12, 1e-9, 1e-6, 1e-3]),
+    var=st.sampled_from([0.0, 1e-9]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_variance_is_never_negative(lam_tilde, mu, spread, var, seed):
+    """lt·Σφ(μ² + v) − (lt·Σφμ)² cancelled below 0 for levels close together far from 0 (sqrt then gave NaN)."""
+    rng = np.random.default_rng(seed)
+    mu_k = mu + rng.normal(size=3) * spread * abs(mu)
+    phi = rng.dirichlet(np.ones(3), 4)
+    post = SpikeGMMPosterior(lam_tilde=np.full(4, lam_tilde), phi=phi, mu=mu_k, var=np.full(3, var))
+    assert np.all(post.variance() >= 0)
+
+
 @settings(max_examples=10)
 @given(post=posteriors(T=3, K=2), rng=data)
 def test_stratified_estimator_is_exact_for_point_mass_levels(post, rng):
