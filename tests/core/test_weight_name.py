@@ -126,3 +126,30 @@ def test_weight_names_must_be_distinct_identifiers():
             assert isinstance(model[0].gate_up, nn.Parameter)  # nothing changed
         finally:
             layers._REGISTRY.pop(GatedExperts)
+
+
+class Misnamed(nn.Module):
+    """Its parameter is ``w``; its adapter (a typo, or a type changed since) names ``kernel``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 6))
+        self.register_buffer("frozen", torch.randn(4, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.w)
+
+
+@pytest.mark.parametrize(("weight_name", "message"), [("kernel", "no attribute 'kernel'"), ("frozen", "buffer")])
+def test_an_adapter_naming_no_parameter_of_the_module_is_an_error_naming_both(weight_name, message):
+    """It was skipped with an INFO line (the model compressed without it) or, as a buffer, called computed."""
+    sqs.register_layer_type(Misnamed, sqs.LayerAdapter(_mixed, None, weight_name=weight_name))
+    try:
+        model = nn.Sequential(Misnamed(), nn.Linear(4, 3))
+        before = copy.deepcopy(model.state_dict())
+        with pytest.raises(ValueError, match=message) as err:
+            sqs.prepare_(model, sqs.SQSConfig(num_components=4))
+        assert "layer '0" in str(err.value) and "Misnamed" in str(err.value)
+        assert not sqs.is_prepared(model) and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    finally:
+        layers._REGISTRY.pop(Misnamed)

@@ -92,6 +92,7 @@ def _select(model: nn.Module, config: SQSConfig):
         if id(module) in seen or module is model or adapter_for(module) is None:
             continue
         params = compressed_names(module)
+        _check_named(refs[id(module)][0][2], module, params)
         if not params or not all(isinstance(getattr(module, n, None), torch.Tensor) for n in params):
             log.info("prepare_: %r has no tensor %s to compress: left as it is", refs[id(module)][0][2], params)
             continue
@@ -168,6 +169,19 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     return model
 
 
+def _check_named(name: str, module: nn.Module, params: tuple[str, ...]) -> None:
+    """A ValueError for an eligible module lacking a parameter its adapter names (a registered adapter's typo, or
+    a type changed since): it was skipped with an INFO line, the model compressed without it. (A parameter set to
+    None, as a prepared layer's base holds, is not missing.)"""
+    missing = [n for n in params if n not in module._parameters and not hasattr(module, n)]
+    if missing:
+        raise ValueError(
+            f"layer {name!r} ({type(module).__name__}) has no attribute {missing[0]!r}, which the adapter registered "
+            "for its type names (LayerAdapter.weight_name / weight_names): register the adapter with the name of "
+            "the parameter to compress, or exclude the layer"
+        )
+
+
 def _wrap(chosen, generator: torch.Generator):
     """(each chosen module with its outermost SQS layer, every SQS layer made, every distinct posterior), nothing
     in the model changed yet. A module with several compressed parameters gets one SQS layer each, one around the
@@ -233,6 +247,11 @@ def _check_weight(name: str, module: nn.Module, attr: str) -> None:
         raise ValueError(f"layer {name!r} is a lazy module whose weight is not initialised: run a forward pass first")
     if weight.is_meta:
         raise ValueError(f"layer {name!r} has its weight on the meta device (no values): load its weights first")
+    if attr in module._buffers:
+        raise ValueError(
+            f"layer {name!r} ({type(module).__name__}) holds {attr!r} as a buffer, not a parameter: SQS compresses "
+            "an nn.Parameter (register it as one), or exclude the layer"
+        )
     if not isinstance(module._parameters.get(attr), nn.Parameter):
         raise ValueError(
             f"layer {name!r} computes its weight instead of holding it as a parameter (old-style "
