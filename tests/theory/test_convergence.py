@@ -82,6 +82,34 @@ def test_fits_reject_bad_input():
         bootstrap_slope_ci([64, 64, 64], [1.0, 0.9, 0.8])
 
 
+_NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    ("ns", "values", "kwargs", "message"),
+    [
+        ([0, 1, 2, 4], [1, 2, 3, 4], {}, "ns"),  # log 0: the fit was NaN, silently
+        ([-1, 1, 2, 4], [1, 2, 3, 4], {}, "ns"),
+        ([_NAN, 1, 2, 4], [1, 2, 3, 4], {}, "ns"),
+        ([1, 2, 4], [_NAN, 2, 3], {}, "values"),
+        ([1, 2, 4], [0, 2, 3], {}, "values"),
+        ([1, 2, 4, 8], [1, 2, 3], {}, "same length"),
+        ([[1, 2], [4, 8]], [[1, 2], [3, 4]], {}, "1-D"),
+        ([1, 2, 4], [1, 2, 3], {"level": 2}, "level"),  # the interval was [nan, nan]
+        ([1, 2, 4], [1, 2, 3], {"level": _NAN}, "level"),
+        ([1, 2, 4], [1, 2, 3], {"resamples": 2.5}, "resamples"),
+    ],
+)
+@pytest.mark.parametrize("fit", [fit_slope, bootstrap_slope_ci])
+def test_fits_name_a_bad_point_or_setting(fit, ns, values, kwargs, message):
+    if fit is fit_slope:
+        kwargs = {k: v for k, v in kwargs.items() if k != "resamples"}
+        if not kwargs and message == "resamples":
+            return
+    with pytest.raises(ValueError, match=message):
+        fit(ns, values, **kwargs)
+
+
 @given(st.integers(1, 50), st.integers(1, 10**6))
 def test_parametric_reference(k, n):
     assert parametric_reference(k, n) == pytest.approx(k / (8 * n))

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+from . import _validate as check
+
 __all__ = ["bootstrap_slope_ci", "fit_slope", "hellinger_sq", "hellinger_sq_gaussian", "parametric_reference"]
 
 
@@ -33,14 +35,21 @@ def parametric_reference(k: int, n) -> np.ndarray:
     return k / (8.0 * np.asarray(n, dtype=float))
 
 
+def _log_points(ns: Sequence[float], values: Sequence[float], level: float) -> tuple[np.ndarray, np.ndarray]:
+    """(log ns, log values), each 1-D, of one length, every entry finite and > 0 (a 0 or a NaN made the fit NaN,
+    silently); ``level`` in (0, 1)."""
+    check.real("level", level, low=0.0, high=1.0, strict=True)
+    arrays = [check.finite_array(name, a, positive=True) for name, a in (("ns", ns), ("values", values))]
+    if any(a.ndim != 1 for a in arrays) or arrays[0].size != arrays[1].size:
+        raise ValueError(f"ns and values must be 1-D and of the same length, got shapes {[a.shape for a in arrays]}")
+    return np.log(arrays[0]), np.log(arrays[1])
+
+
 def fit_slope(ns: Sequence[float], values: Sequence[float], level: float = 0.95) -> dict:
     """OLS of log(values) on log(ns): slope, intercept and a t-interval for the slope."""
-    with np.errstate(divide="ignore", invalid="ignore"):  # a value <= 0 is reported below
-        x, y = np.log(np.asarray(ns, dtype=float)), np.log(np.asarray(values, dtype=float))
+    x, y = _log_points(ns, values, level)
     if x.size < 3 or np.ptp(x) == 0:
         raise ValueError("need at least 3 points with at least two distinct n")
-    if not np.all(np.isfinite(y)):
-        raise ValueError("values must be finite and > 0")
     res = stats.linregress(x, y)
     half = stats.t.ppf(0.5 + level / 2, x.size - 2) * res.stderr
     return {
@@ -58,16 +67,15 @@ def bootstrap_slope_ci(
 ) -> list[float]:
     """Percentile interval of the OLS slope when the fits at each n are resampled with replacement
     (a check on the t-interval, which assumes homoscedastic independent log-errors)."""
-    if resamples < 1 or not 0 < level < 1:
-        raise ValueError(f"need resamples >= 1 and 0 < level < 1, got {resamples=}, {level=}")
-    ns_a, v_a = np.asarray(ns, dtype=float), np.log(np.asarray(values, dtype=float))
-    groups = [np.flatnonzero(ns_a == n) for n in np.unique(ns_a)]
+    resamples = check.count("resamples", resamples, low=1)
+    log_ns, v_a = _log_points(ns, values, level)
+    groups = [np.flatnonzero(log_ns == n) for n in np.unique(log_ns)]
     if len(groups) < 2:
         raise ValueError("need at least two distinct n")
     rng = np.random.default_rng(seed)
     slopes = np.empty(resamples)
     for b in range(resamples):
         idx = np.concatenate([rng.choice(g, size=g.size, replace=True) for g in groups])
-        slopes[b] = np.polyfit(np.log(ns_a[idx]), v_a[idx], 1)[0]
+        slopes[b] = np.polyfit(log_ns[idx], v_a[idx], 1)[0]
     lo, hi = np.quantile(slopes, [0.5 - level / 2, 0.5 + level / 2])
     return [float(lo), float(hi)]
