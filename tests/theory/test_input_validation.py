@@ -12,7 +12,7 @@ import pytest
 import sqs_theory as st_api
 from hypothesis import given
 from hypothesis import strategies as st
-from sqs_theory import convergence, errata
+from sqs_theory import appendix_b, convergence, errata, hellinger
 from sqs_theory.__main__ import main
 from sqs_theory.kl import GaussianMixture
 
@@ -59,7 +59,29 @@ BAD_CALLS = {
     "neg_log_lambda T=0": (lambda: st_api.neg_log_lambda(100, 2, 4, 2, 1.5, T=0), "T"),
     "lambda_condition_max_m n<1": (lambda: st_api.lambda_condition_max_m(0.5, 2, 4, 3, 2, 1.25), "n"),
     "all_verdicts n_random=0": (lambda: st_api.all_verdicts(n_random=0), "n_random"),
+    # Appendix B's Gaussian moments: sigma = 0 divided by zero, sigma < 0 gave a wrong value, NaN a NaN
+    "log_abs_mgf sigma=0": (lambda: appendix_b.log_abs_mgf(1.0, 0.0), "sigma"),
+    "log_abs_mgf sigma<0": (lambda: appendix_b.log_abs_mgf(1.0, -1.0), "sigma"),
+    "log_abs_mgf t=nan": (lambda: appendix_b.log_abs_mgf(math.nan, 1.0), "t"),
+    "abs_mgf d=inf": (lambda: appendix_b.abs_mgf(1.0, 1.0, math.inf), "d"),
+    "abs_mgf_quad sigma=0": (lambda: appendix_b.abs_mgf_quad(1.0, 0.0), "sigma"),
+    "sq_mgf_quad t >= 1/(2 sigma^2)": (lambda: appendix_b.sq_mgf_quad(1.0, 1.0), "t"),
+    "sq_mgf_quad sigma=nan": (lambda: appendix_b.sq_mgf_quad(0.1, math.nan), "sigma"),
+    "SpikeGMMPosterior mu=inf": (
+        lambda: st_api.SpikeGMMPosterior(lam_tilde=[1.0], phi=[[1.0]], mu=[math.inf], var=[0.0]),
+        "mu",
+    ),
+    "fit_slope ns=0": (lambda: hellinger.fit_slope([0, 1, 2], [1, 2, 3]), "ns"),
 }
+
+
+def test_the_abs_mgf_beyond_float_range_is_inf():
+    """E exp(t|d + sigma Z|) above 1.8e308 is +inf (its log is finite), not an OverflowError from math.exp."""
+    assert appendix_b.abs_mgf(100.0, 10.0) == math.inf
+    assert appendix_b.log_abs_mgf(100.0, 10.0) == pytest.approx(5e5 + math.log(2), rel=1e-12)
+    for reference in (lambda: appendix_b.abs_mgf_quad(100.0, 10.0), lambda: appendix_b.sq_mgf_quad(0.1, 0.5, 1e10)):
+        with pytest.raises(ValueError, match="float range"):  # the quadratures: an OverflowError from math.exp
+            reference()
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CALLS))

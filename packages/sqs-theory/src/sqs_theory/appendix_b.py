@@ -17,12 +17,16 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import integrate
 from scipy.special import log_ndtr
 
+from . import _validate as check
 from .verdict import Verdict, equality
+
+_LOG_FLOAT_MAX = math.log(np.finfo(float).max)
 
 __all__ = [
     "abs_mgf",
@@ -41,8 +45,18 @@ __all__ = [
 ]
 
 
+def _moment_arguments(t: Any, sigma: Any, d: Any) -> tuple[float, float, float]:
+    """(t, sigma, d) as floats: t and d finite reals, sigma finite and > 0 (sigma = 0 divided by zero; a
+    negative sigma gave a wrong value, the closed form assuming sigma > 0)."""
+    check.real("t", t)
+    check.real("sigma", sigma, low=0.0, strict=True)
+    check.real("d", d)
+    return float(t), float(sigma), float(d)
+
+
 def log_abs_mgf(t: float, sigma: float, d: float = 0.0) -> float:
     """``log E exp(t |d + sigma Z|)`` in closed form (log space; see the module docstring)."""
+    t, sigma, d = _moment_arguments(t, sigma, d)
     half = t * t * sigma * sigma / 2
     a = t * d + half + float(log_ndtr(d / sigma + t * sigma))
     b = -t * d + half + float(log_ndtr(t * sigma - d / sigma))
@@ -50,17 +64,22 @@ def log_abs_mgf(t: float, sigma: float, d: float = 0.0) -> float:
 
 
 def abs_mgf(t: float, sigma: float, d: float = 0.0) -> float:
-    """``E exp(t |d + sigma Z|)`` in closed form."""
-    return math.exp(log_abs_mgf(t, sigma, d))
+    """``E exp(t |d + sigma Z|)`` in closed form; +inf where it exceeds the float range (its log is finite)."""
+    log_value = log_abs_mgf(t, sigma, d)
+    return math.exp(log_value) if log_value < _LOG_FLOAT_MAX else math.inf
 
 
 def _piecewise_quad(f: Callable[[float], float], pts: Sequence[float]) -> float:
-    """``int f`` over ``[pts[0], pts[-1]]``, one adaptive quad per piece."""
-    return sum(integrate.quad(f, a, b, epsabs=0, epsrel=1e-13, limit=200)[0] for a, b in itertools.pairwise(pts))
+    """``int f`` over ``[pts[0], pts[-1]]``, one adaptive quad per piece; a ValueError where ``f`` overflows."""
+    try:
+        return sum(integrate.quad(f, a, b, epsabs=0, epsrel=1e-13, limit=200)[0] for a, b in itertools.pairwise(pts))
+    except OverflowError:
+        raise ValueError("the integrand exceeds the float range: the moment is beyond 1.8e308") from None
 
 
 def abs_mgf_quad(t: float, sigma: float, d: float = 0.0) -> float:
     """``E exp(t |d + sigma Z|)`` by quadrature in ``z`` (the reference), split at the kink ``-d/sigma``."""
+    t, sigma, d = _moment_arguments(t, sigma, d)
     kink = -d / sigma
     lo, hi = min(kink, -t * sigma) - 40.0, max(kink, t * sigma) + 40.0
 
@@ -74,6 +93,9 @@ def abs_mgf_quad(t: float, sigma: float, d: float = 0.0) -> float:
 
 def sq_mgf_quad(t: float, sigma: float, d: float = 0.0) -> float:
     """``E exp(t (d + sigma Z)^2)`` for ``t < 1/(2 sigma^2)`` by quadrature (the reference)."""
+    t, sigma, d = _moment_arguments(t, sigma, d)
+    if 2 * t * sigma * sigma >= 1:
+        raise ValueError(f"t must be < 1/(2 sigma^2) = {1 / (2 * sigma * sigma):g} (the moment diverges), got {t!r}")
     width = 40.0 / math.sqrt(1 - 2 * t * sigma * sigma)
     center = d * sigma * 2 * t / (1 - 2 * t * sigma * sigma)
 
