@@ -12,7 +12,7 @@ import pytest
 import sqs_theory as st_api
 from hypothesis import given
 from hypothesis import strategies as st
-from sqs_theory import appendix_b, convergence, errata, hellinger
+from sqs_theory import appendix_b, appendix_b_rates, convergence, errata, hellinger
 from sqs_theory.__main__ import main
 from sqs_theory.kl import GaussianMixture
 
@@ -72,6 +72,24 @@ BAD_CALLS = {
         "mu",
     ),
     "fit_slope ns=0": (lambda: hellinger.fit_slope([0, 1, 2], [1, 2, 3]), "ns"),
+    # Appendix B's checks (each argument: ZeroDivisionError, a math domain error, NaN details or a wrong value)
+    "check_log_slip N=0": (lambda: appendix_b.check_log_slip(N=0), "N"),
+    "check_sup_bound_mc sigma=nan": (lambda: appendix_b.check_sup_bound_mc(sigma=math.nan), "sigma"),
+    "check_tau_condition sigma=0": (lambda: appendix_b.check_tau_condition(sigma=0.0), "sigma"),
+    "check_tau_condition phi_o=2": (lambda: appendix_b.check_tau_condition(phi_o=2.0), "phi_o"),
+    "check_tau_condition_squared N=2.5": (lambda: appendix_b.check_tau_condition_squared(N=2.5), "N"),
+    "check_squared_mgf t >= 1/(2 sigma^2)": (lambda: appendix_b.check_squared_mgf(t=2.0, sigma=1.0), "t"),
+    "check_mu_separation B=inf": (lambda: appendix_b.check_mu_separation(B=math.inf), "B"),
+    "check_sigma_n_algebra n=0": (lambda: appendix_b_rates.check_sigma_n_algebra(n=0), "n"),
+    "check_sigma_n_algebra B·N=1": (lambda: appendix_b_rates.check_sigma_n_algebra(N=8, B=0.125), "B·N"),
+    "bound_elbo_pre_algebra B·N<1": (lambda: appendix_b_rates.bound_elbo_pre_algebra(2, 2, 3, 0.25), "B·N"),
+    "bound_elbo_pre_algebra L=0": (lambda: appendix_b_rates.bound_elbo_pre_algebra(0, 2, 3, 3.0), "L"),
+    "check_chernoff_tail sigma=0": (lambda: appendix_b_rates.check_chernoff_tail(sigmas=(0.1, 0.0)), "sigmas"),
+    "check_lower_tail_typo sigma<0": (lambda: appendix_b_rates.check_lower_tail_typo(sigma=-0.3), "sigma"),
+    "check_prior_variance_typo nan": (
+        lambda: appendix_b_rates.check_prior_variance_typo(sigma0_sq=math.nan),
+        "sigma0_sq",
+    ),
 }
 
 
@@ -82,6 +100,18 @@ def test_the_abs_mgf_beyond_float_range_is_inf():
     for reference in (lambda: appendix_b.abs_mgf_quad(100.0, 10.0), lambda: appendix_b.sq_mgf_quad(0.1, 0.5, 1e10)):
         with pytest.raises(ValueError, match="float range"):  # the quadratures: an OverflowError from math.exp
             reference()
+
+
+def test_appendix_b_checks_at_the_edges_of_their_domain():
+    """phi_o = 0 and 1 are probabilities (math.log gave a domain error); a tail that underflows the quadrature is
+    taken in log space (0/0 at sigma = 0.01); terms beyond float64 are a ValueError naming the call."""
+    for phi_o in (0.0, 1.0):
+        verdict = appendix_b.check_tau_condition(phi_o=phi_o)
+        assert math.isfinite(verdict.details["log_moment"])
+    chernoff = appendix_b_rates.check_chernoff_tail(sigmas=(0.01, 0.05))
+    assert chernoff.holds and 0 < chernoff.details["max_ratio_tail_over_bound"] < 1
+    with pytest.raises(ValueError, match=r"check_gaussian_abs_mgf\(t=0.5, sigma=100.0\) leaves float64's range"):
+        appendix_b.check_gaussian_abs_mgf(0.5, 100.0)
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CALLS))

@@ -6,13 +6,16 @@ as a float (``2.0``) is returned as the exact ``int``.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["count", "finite_array", "probability_array", "real", "seed"]
+__all__ = ["arguments", "count", "finite_array", "probability_array", "real", "seed"]
 
 
 def real(name: str, value: Any, *, low: float = -math.inf, high: float = math.inf, strict: bool = False) -> Any:
@@ -85,3 +88,50 @@ def _first(arr: np.ndarray, bad: np.ndarray) -> str:
     index = tuple(int(i) for i in np.argwhere(bad)[0])
     value = arr[index].item()
     return f"{value!r} at index {index[0] if len(index) == 1 else index}" if index else repr(value)
+
+
+def _positives(name: str, values: Iterable[Any]) -> None:
+    for value in values:
+        real(name, value, low=0.0, strict=True)
+
+
+_KINDS: dict[str, Callable[[str, Any], Any]] = {
+    "real": real,  # a finite real
+    "positive": functools.partial(real, low=0.0, strict=True),  # finite, > 0
+    "probability": functools.partial(real, low=0.0, high=1.0),  # in [0, 1]
+    "count": functools.partial(count, low=1),  # an integer >= 1
+    "seed": seed,  # an integer >= 0
+    "positives": _positives,  # an iterable of finite reals > 0
+}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def arguments(**kinds: str) -> Callable[[_F], _F]:
+    """A decorator checking the named arguments (passed or defaulted) before the function runs, each by its kind:
+    ``real``, ``positive``, ``probability``, ``count`` (an integer >= 1), ``seed``, ``positives``."""
+    unknown = sorted(set(kinds.values()) - set(_KINDS))
+    if unknown:
+        raise ValueError(f"unknown argument kinds {unknown}; known: {sorted(_KINDS)}")
+
+    def wrap(fn: _F) -> _F:
+        signature = inspect.signature(fn)
+        missing = sorted(set(kinds) - set(signature.parameters))
+        if missing:
+            raise ValueError(f"{fn.__qualname__} has no parameters {missing}")
+
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            for name, kind in kinds.items():
+                _KINDS[kind](name, bound.arguments[name])
+            try:
+                return fn(*args, **kwargs)
+            except (OverflowError, ZeroDivisionError) as err:  # valid arguments whose terms leave float64
+                given = ", ".join(f"{k}={v!r}" for k, v in bound.arguments.items())
+                raise ValueError(f"{fn.__name__}({given}) leaves float64's range ({err})") from err
+
+        return checked  # type: ignore[return-value]
+
+    return wrap

@@ -91,11 +91,16 @@ def abs_mgf_quad(t: float, sigma: float, d: float = 0.0) -> float:
     return _piecewise_quad(f, pts)
 
 
+def _check_squared_domain(t: float, sigma: float) -> None:
+    """A ValueError unless t < 1/(2 sigma^2), where E exp(t (d + sigma Z)^2) is finite."""
+    if 2 * t * sigma * sigma >= 1:
+        raise ValueError(f"t must be < 1/(2 sigma^2) = {1 / (2 * sigma * sigma):g} (the moment diverges), got {t!r}")
+
+
 def sq_mgf_quad(t: float, sigma: float, d: float = 0.0) -> float:
     """``E exp(t (d + sigma Z)^2)`` for ``t < 1/(2 sigma^2)`` by quadrature (the reference)."""
     t, sigma, d = _moment_arguments(t, sigma, d)
-    if 2 * t * sigma * sigma >= 1:
-        raise ValueError(f"t must be < 1/(2 sigma^2) = {1 / (2 * sigma * sigma):g} (the moment diverges), got {t!r}")
+    _check_squared_domain(t, sigma)
     width = 40.0 / math.sqrt(1 - 2 * t * sigma * sigma)
     center = d * sigma * 2 * t / (1 - 2 * t * sigma * sigma)
 
@@ -106,6 +111,7 @@ def sq_mgf_quad(t: float, sigma: float, d: float = 0.0) -> float:
     return _piecewise_quad(f, pts)
 
 
+@check.arguments(t="real", sigma="positive")
 def check_gaussian_abs_mgf(t: float = 1.0, sigma: float = 0.5) -> Verdict:
     """Claim: ``E_N(mu, s^2) exp(t |W - mu|) = 2 exp(t^2 s^2 / 2)``; truth has a factor ``Phi(t s)``."""
     paper, true = 2 * math.exp(t * t * sigma * sigma / 2), abs_mgf_quad(t, sigma)
@@ -120,6 +126,7 @@ def check_gaussian_abs_mgf(t: float = 1.0, sigma: float = 0.5) -> Verdict:
     )
 
 
+@check.arguments(t="real", sigma="positive", d="real")
 def check_shifted_abs_mgf(t: float = 2.0, sigma: float = 0.3, d: float = -1.0) -> Verdict:
     """Claim: ``E_N(mu_k, s^2) exp(t|W - mu_(i)|) = 2 exp(t d + s^2 t^2 / 2)``; false (e.g. for d < 0)."""
     return equality(
@@ -133,6 +140,7 @@ def check_shifted_abs_mgf(t: float = 2.0, sigma: float = 0.3, d: float = -1.0) -
     )
 
 
+@check.arguments(B="positive", t="real", sigma="positive")
 def check_mu_separation(B: float = 3.0, t: float = 2.0, sigma: float = 0.3) -> Verdict:
     """Claim: ``sup |mu_i* - mu_j*| <= 4`` (and ``mu^2 <= 4``), used with ``|mu| <= B`` and ``B > 2``."""
     d = 2 * B  # mu = +B and mu = -B are both allowed
@@ -152,15 +160,16 @@ def _t_choice(N: int, sigma: float) -> float:
     return math.sqrt(2 * math.log(3 * N * N)) / sigma
 
 
+@check.arguments(N="count", sigma="positive", gap="real", phi_o="probability")
 def check_tau_condition(N: int = 4, sigma: float = 0.05, gap: float = 1.0, *, phi_o: float = 0.5) -> Verdict:
     """Per entry the proof needs ``E exp(t|W - W*|) <= (3/2) 2 exp(t^2 s^2/2)`` at the chosen t.
 
     The paper asks only ``phi_o <= 1/2``; what the step uses is ``phi_o exp(4t) <= 1/2``.
     """
     t = _t_choice(N, sigma)
-    log_lhs = float(
-        np.logaddexp(math.log1p(-phi_o) + log_abs_mgf(t, sigma), math.log(phi_o) + log_abs_mgf(t, sigma, gap))
-    )
+    with np.errstate(divide="ignore"):  # phi_o = 0 or 1: one of the two parts has weight 0, log -inf
+        log_weights = np.log1p(-phi_o), np.log(phi_o)
+    log_lhs = float(np.logaddexp(log_weights[0] + log_abs_mgf(t, sigma), log_weights[1] + log_abs_mgf(t, sigma, gap)))
     log_rhs = math.log(3) + t * t * sigma * sigma / 2
     return Verdict(
         name=f"tau-condition(phi_o={phi_o:g})",
@@ -178,6 +187,7 @@ def check_tau_condition(N: int = 4, sigma: float = 0.05, gap: float = 1.0, *, ph
     )
 
 
+@check.arguments(N="count", sigma="positive")
 def check_log_slip(N: int = 4, sigma: float = 0.05) -> Verdict:
     """Claim: ``3N^2/t + t s^2/2 = sqrt(2 s^2 log(3N^2))`` at ``t = sqrt(2 log 3N^2)/s``.
 
@@ -199,6 +209,7 @@ def check_log_slip(N: int = 4, sigma: float = 0.05) -> Verdict:
     )
 
 
+@check.arguments(N="count", sigma="positive", gap="real", phi_o="probability", n_mc="count", seed="seed")
 def sup_deviation_mc(
     N: int, sigma: float, gap: float, phi_o: float, *, n_mc: int = 4000, seed: int = 0
 ) -> dict[str, float]:
@@ -217,6 +228,7 @@ def sup_deviation_mc(
     }
 
 
+@check.arguments(N="count", sigma="positive", gap="real", phi_o="probability")
 def check_sup_bound_mc(N: int = 4, sigma: float = 0.05, gap: float = 1.0, *, phi_o: float = 0.5) -> Verdict:
     """``E sup|W-W*| <= sqrt(8 s^2 log 3N)`` and ``E sup (W-W*)^2 <= 8 s^2 log 3N`` by Monte Carlo.
 
@@ -242,8 +254,10 @@ def check_sup_bound_mc(N: int = 4, sigma: float = 0.05, gap: float = 1.0, *, phi
     )
 
 
+@check.arguments(t="real", sigma="positive", d="real")
 def check_squared_mgf(t: float = 1.0, sigma: float = 0.5, d: float = 1.5) -> Verdict:
     """``E exp(t (d + s Z)^2) = (1 - 2 t s^2)^(-1/2) exp(d^2 t / (1 - 2 t s^2))`` (correct in the paper)."""
+    _check_squared_domain(t, sigma)
     c = 1 - 2 * t * sigma * sigma
     return equality(
         name="squared-mgf",
@@ -255,6 +269,7 @@ def check_squared_mgf(t: float = 1.0, sigma: float = 0.5, d: float = 1.5) -> Ver
     )
 
 
+@check.arguments(N="count", sigma="positive", gap="real")
 def check_tau_condition_squared(N: int = 4, sigma: float = 0.05, gap: float = 1.0) -> Verdict:
     """Claim: pick tau with ``phi_o <= exp(16t/(1-2ts^2))`` - vacuous (RHS > 1); needs ``exp(-16t/...)``.
 

@@ -11,11 +11,14 @@ from collections.abc import Iterable
 
 import numpy as np
 from scipy import integrate
+from scipy.special import log_ndtr
 from scipy.stats import norm
 
+from . import _validate as check
 from .kl import GaussianMixture, kl_mixture
 from .rates import (
     GridPoint,
+    check_bn_above_one,
     cond_bound_sigma_sq,
     default_grid,
     eps_n,
@@ -77,6 +80,7 @@ def check_lambda_condition(delta: float, grid: Iterable[GridPoint] | None = None
     )
 
 
+@check.arguments(n="positive", s="positive", L="count", N="count", p="count", B="positive")
 def check_sigma_n_algebra(
     n: float = 1e4, s: float = 10, L: int = 2, N: int = 8, p: int = 10, B: float = 3.0
 ) -> Verdict:
@@ -106,8 +110,10 @@ def check_sigma_n_algebra(
     )
 
 
+@check.arguments(L="count", N="count", p="count", B="positive")
 def bound_elbo_pre_algebra(L: int, N: int, p: int, B: float) -> float:
-    """The display after 'Combined with Equation (20)' divided by ``8 sigma_n^2 log(3N)``."""
+    """The display after 'Combined with Equation (20)' divided by ``8 sigma_n^2 log(3N)`` (B·N > 1)."""
+    check_bn_above_one(B, N)
     first = sum(B ** (2 * ell - 2) * (4 * B * B) ** (L - ell) for ell in range(1, L + 1))
     first += 2 * sum(
         B ** (ell - 1) * B ** (k - 1) * (4 * B * B) ** (L - ell) * (2 * B) ** (ell - k)
@@ -185,6 +191,7 @@ def check_footnote_sigma_n(grid: Iterable[GridPoint] | None = None, B: float = 3
     )
 
 
+@check.arguments(sigmas="positives", B="positive")
 def check_chernoff_tail(sigmas: Iterable[float] = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0), B: float = 3.0) -> Verdict:
     """Lemma ``bound``: ``int_{B+1}^inf N(t; B, s^2) dt <= exp(-1/(2 s^2)) / 2`` (quadrature reference)."""
     worst = -math.inf
@@ -194,7 +201,10 @@ def check_chernoff_tail(sigmas: Iterable[float] = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0
             return math.exp(-((t - B) ** 2) / (2 * s * s)) / math.sqrt(2 * math.pi * s * s)
 
         tail = integrate.quad(dens, B + 1, B + 1 + 60 * s, epsabs=0, epsrel=1e-12, limit=200)[0]
-        worst = max(worst, tail / (0.5 * math.exp(-1 / (2 * s * s))))
+        if tail > 1e-250:  # the ratio from the quadrature, as long as it resolves the tail
+            worst = max(worst, tail / (0.5 * math.exp(-1 / (2 * s * s))))
+        else:  # the exact tail Phi(-1/s) in log space: exp(-1/(2 s^2)) underflows (0/0 at s = 0.01)
+            worst = max(worst, math.exp(float(log_ndtr(-1 / s)) - math.log(0.5) + 1 / (2 * s * s)))
     return ratio_at_most_one(
         name="chernoff-tail",
         location="App. B, proof of Lemma bound",
@@ -204,6 +214,7 @@ def check_chernoff_tail(sigmas: Iterable[float] = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0
     )
 
 
+@check.arguments(B="positive", sigma="positive")
 def check_lower_tail_typo(B: float = 3.0, sigma: float = 0.3) -> Verdict:
     """Claim: ``q(theta_i < -(B+1)) <= int_{-inf}^{-(B+1)} N(t; B, s^2) dt`` (density centred at +B).
 
@@ -245,6 +256,7 @@ def check_condition_implies_lemma_bound(delta: float = 1.5, grid: Iterable[GridP
     )
 
 
+@check.arguments(sigma_n_sq="positive", sigma0_sq="positive")
 def check_prior_variance_typo(sigma_n_sq: float = 1e-3, sigma0_sq: float = 1.0) -> Verdict:
     """Eq. (53)-(55): ``KL[GMM || N(0, sigma_n^2)]`` is written for ``KL[GMM || N(0, sigma_0^2)]``."""
     slab = GaussianMixture(weights=np.array([0.9, 0.1]), means=np.array([1.0, -1.0]), variances=np.full(2, sigma_n_sq))

@@ -139,8 +139,15 @@ def lambda_condition_max_m(n: float, L: int, N: int, s: float, p: int, delta: fl
     return _exp_or_inf(math.log(delta) + math.log(margin_terms) + (2 * delta - 1) * math.log(log_n) - math.log(b))
 
 
+def check_bn_above_one(B: float, N: int) -> None:
+    """A ValueError unless B·N > 1: the proof's 1/(BN − 1) (a pole at B·N = 1; negative below)."""
+    if not B * N > 1:
+        raise ValueError(f"B·N must be > 1 (the proof's 1/(BN - 1)), got B={B!r}, N={N!r}")
+
+
 def sigma_n_bracket(p: int, B: float, N: int, squared: bool) -> float:
-    """``{(p+1+1/(BN-1))^(1 or 2) + 1/((2BN)^2-1) + 2/(2BN-1)^2}`` of sigma_n^2 and its bound."""
+    """``{(p+1+1/(BN-1))^(1 or 2) + 1/((2BN)^2-1) + 2/(2BN-1)^2}`` of sigma_n^2 and its bound (B·N > 1)."""
+    check_bn_above_one(B, N)
     first = p + 1 + 1 / (B * N - 1)
     return (first**2 if squared else first) + 1 / ((2 * B * N) ** 2 - 1) + 2 / (2 * B * N - 1) ** 2
 
