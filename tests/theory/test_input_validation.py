@@ -12,7 +12,7 @@ import pytest
 import sqs_theory as st_api
 from hypothesis import given
 from hypothesis import strategies as st
-from sqs_theory import appendix_b, appendix_b_rates, convergence, errata, hellinger
+from sqs_theory import appendix_a, appendix_b, appendix_b_rates, convergence, errata, hellinger
 from sqs_theory.__main__ import main
 from sqs_theory.kl import GaussianMixture
 
@@ -86,6 +86,12 @@ BAD_CALLS = {
     "bound_elbo_pre_algebra L=0": (lambda: appendix_b_rates.bound_elbo_pre_algebra(0, 2, 3, 3.0), "L"),
     "check_chernoff_tail sigma=0": (lambda: appendix_b_rates.check_chernoff_tail(sigmas=(0.1, 0.0)), "sigmas"),
     "check_lower_tail_typo sigma<0": (lambda: appendix_b_rates.check_lower_tail_typo(sigma=-0.3), "sigma"),
+    "check_plugin_relu noise_var=0": (lambda: appendix_a.check_plugin_relu(noise_var=0.0), "noise_var"),  # NaN
+    "check_spike_slab_identity tol=nan": (
+        lambda: appendix_a.check_spike_slab_identity(0.5, SLAB, 0.5, 1.0, tol=math.nan),
+        "tol",
+    ),
+    "check_part2_chain sigma0_sq<0": (lambda: appendix_a.check_part2_chain(SLAB, -1.0), "sigma0_sq"),
     "check_prior_variance_typo nan": (
         lambda: appendix_b_rates.check_prior_variance_typo(sigma0_sq=math.nan),
         "sigma0_sq",

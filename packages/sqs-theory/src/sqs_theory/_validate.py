@@ -98,6 +98,7 @@ def _positives(name: str, values: Iterable[Any]) -> None:
 _KINDS: dict[str, Callable[[str, Any], Any]] = {
     "real": real,  # a finite real
     "positive": functools.partial(real, low=0.0, strict=True),  # finite, > 0
+    "nonnegative": functools.partial(real, low=0.0),  # finite, >= 0
     "probability": functools.partial(real, low=0.0, high=1.0),  # in [0, 1]
     "count": functools.partial(count, low=1),  # an integer >= 1
     "seed": seed,  # an integer >= 0
@@ -109,7 +110,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def arguments(**kinds: str) -> Callable[[_F], _F]:
     """A decorator checking the named arguments (passed or defaulted) before the function runs, each by its kind:
-    ``real``, ``positive``, ``probability``, ``count`` (an integer >= 1), ``seed``, ``positives``."""
+    ``real``, ``positive``, ``nonnegative``, ``probability``, ``count`` (an integer >= 1), ``seed``, ``positives``."""
     unknown = sorted(set(kinds.values()) - set(_KINDS))
     if unknown:
         raise ValueError(f"unknown argument kinds {unknown}; known: {sorted(_KINDS)}")

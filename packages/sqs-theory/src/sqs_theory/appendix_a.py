@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _validate as check
 from .kl import (
     GaussianMixture,
     kl_bernoulli,
@@ -61,6 +62,7 @@ __all__ = [
 TOL = 1e-9  # quadrature is accurate to ~1e-10; a bound "holds" if violated by less than this
 
 
+@check.arguments(sigma0_sq="positive")
 def component_kls(slab: GaussianMixture, sigma0_sq: float) -> np.ndarray:
     """``KL_k = KL(N(mu_k, sigma_k^2) || N(0, sigma0^2))`` for every component (closed form)."""
     return kl_gaussian(slab.means, slab.variances, 0.0, sigma0_sq)
@@ -94,6 +96,9 @@ def check_lemma_mix(p: GaussianMixture, q: GaussianMixture) -> Verdict:
     )
 
 
+@check.arguments(
+    lam_tilde="probability", lam="probability", sigma0_sq="positive", spike_sds="positives", tol="positive"
+)
 def check_spike_slab_identity(
     lam_tilde: float,
     slab: GaussianMixture,
@@ -130,6 +135,7 @@ def check_spike_slab_identity(
     )
 
 
+@check.arguments(lam_tilde="probability", sigma0_sq="positive")
 def check_gaussian_prior_variant(lam_tilde: float, slab: GaussianMixture, sigma0_sq: float) -> Verdict:
     """Eq. ``Gaussian prior``: ``KL(lt GMM + (1-lt) N0 || N0) <= lt KL(GMM || N0)`` (a strict bound)."""
     return upper_bound(
@@ -143,6 +149,7 @@ def check_gaussian_prior_variant(lam_tilde: float, slab: GaussianMixture, sigma0
     )
 
 
+@check.arguments(sigma0_sq="positive")
 def check_part2_chain(slab: GaussianMixture, sigma0_sq: float) -> Verdict:
     """``KL(GMM || N(0, s0^2)) <= sum_k phi_k KL(N_k || N(0, s0^2))`` (= Part 2)."""
     return upper_bound(
@@ -157,6 +164,7 @@ def check_part2_chain(slab: GaussianMixture, sigma0_sq: float) -> Verdict:
     )
 
 
+@check.arguments(sigma0_sq="positive")
 def check_dominant_component(slab: GaussianMixture, sigma0_sq: float) -> dict[str, float]:
     """True ``KL(GMM || N0)`` vs the dominant-component surrogate ``KL(N_k* || N0)``."""
     kls = component_kls(slab, sigma0_sq)
@@ -186,6 +194,7 @@ def dominant_counterexamples() -> dict[str, GaussianMixture]:
     }
 
 
+@check.arguments(sigma0_sq="positive")
 def check_replacement_bound(slab: GaussianMixture, sigma0_sq: float) -> Verdict:
     """Valid replacement for the dominant-component step (proof in ``docs/theory.md``).
 
@@ -230,6 +239,7 @@ def check_dominant_approximation() -> Verdict:
     )
 
 
+@check.arguments(noise_var="positive")
 def check_plugin_linear(post: SpikeGMMPosterior, X: np.ndarray, y: np.ndarray, noise_var: float) -> Verdict:
     """Linear model: ``NLL(theta_avg) <= E_q NLL`` with gap ``sum x^2 Var / (2 s^2)`` (exact reference)."""
     plug = plugin_nll(post, linear_predict, X, y, noise_var)
@@ -274,6 +284,7 @@ def plugin_relu_counterexamples(*, level_var: float = 0.0) -> dict[str, tuple]:
     return {"above": (post, X, np.array([1.0])), "below": (post, X, np.array([0.0]))}
 
 
+@check.arguments(noise_var="positive", level_var="nonnegative")
 def check_plugin_relu(*, noise_var: float = 1.0, level_var: float = 0.0) -> Verdict:
     """ReLU network: the plug-in is neither an upper nor a lower bound (exact or MC reference)."""
     net, out = ReluNet(d_in=1, width=1), {}
