@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
+from toy_models import Conv1D
 
 KINDS = ["mlp", "conv", "embedding", "lstm", "gru", "rnn", "attention", "transposed", "transposed2d", "conv3d"]
-KINDS += ["tied", "reused", "custom"]
+KINDS += ["tied", "reused", "custom", "gpt_conv1d"]
 WEIGHTS = ["normal", "constant", "three values", "tiny", "outliers", "half zero", "90% zero", "quantized"]
 
 
@@ -45,6 +46,7 @@ class _Net(nn.Module):
                 nn.ConvTranspose2d(4, 2, 2, stride=2, groups=2, bias=False), nn.Flatten(), nn.Linear(32, 16)
             ),
             "custom": lambda: Scaled(12, 16),  # a user's layer type, registered with an adapter
+            "gpt_conv1d": lambda: Conv1D(16, 12),  # transformers' Conv1D contract, on a sequence
         }[kind]()
         self.head = nn.Linear(16, 20 if kind == "tied" else 5)
         if kind == "tied":  # a language model's head tied to its token embedding
@@ -64,6 +66,7 @@ class _Net(nn.Module):
             "rnn": (8, 4, 6),
             "transposed2d": (8, 4, 2, 2),
             "custom": (8, 12),
+            "gpt_conv1d": (8, 4, 12),
         }
         if self.kind in ("embedding", "tied"):
             return torch.randint(0, 20, (8, 4), generator=gen)
@@ -78,6 +81,8 @@ class _Net(nn.Module):
             return self.head(self.layer(x)[0][:, -1])
         if self.kind == "reused":
             return self.head(self.layer(torch.relu(self.layer(x))))
+        if self.kind == "gpt_conv1d":
+            return self.head(torch.relu(self.layer(x)).mean(1))
         if self.kind == "attention":
             return self.head(self.layer(x, x, x)[0].mean(1))
         return self.head(torch.relu(self.layer(x)))
