@@ -18,6 +18,7 @@ from sqs_theory.kl import (
     kl_spike_slab,
     kl_spike_slab_smoothed,
 )
+from sqs_theory.likelihood import SpikeGMMPosterior
 
 from .strategies import gaussian_mixtures, means, prior_variances, probabilities, variances
 
@@ -121,6 +122,25 @@ def test_gaussian_prior_variant_limits_and_convexity(lt, slab, s0):
 def test_invalid_mixture_is_rejected(kwargs):
     with pytest.raises(ValueError):
         GaussianMixture(**kwargs)
+
+
+def test_float32_mixing_weights_are_taken_and_renormalised():
+    """Softmax weights in float32 (sqs-core's mixing weights) sum to 1 within ~2e-7: they were refused (the
+    tolerance was 1e-12); 1e-6 takes them and still refuses weights that do not sum to 1."""
+    import torch
+
+    logits = torch.randn(200, 64, generator=torch.Generator().manual_seed(0))
+    rows = torch.softmax(logits, dim=-1).double().numpy()
+    assert np.abs(rows.sum(axis=1) - 1).max() > 1e-12  # the case itself
+    for w in rows:
+        mix = GaussianMixture(weights=w, means=np.zeros(64), variances=np.ones(64))
+        assert abs(mix.weights.sum() - 1) <= 1e-15
+    post = SpikeGMMPosterior(lam_tilde=np.full(200, 0.5), phi=rows, mu=np.linspace(-1, 1, 64), var=np.zeros(64))
+    assert np.abs(post.phi.sum(axis=1) - 1).max() <= 1e-15
+    with pytest.raises(ValueError, match="sum to 1"):
+        GaussianMixture(weights=np.array([0.5, 0.5 + 1e-5]), means=np.zeros(2), variances=np.ones(2))
+    with pytest.raises(ValueError, match="phi"):
+        SpikeGMMPosterior(lam_tilde=np.ones(1), phi=[[0.5, 0.5 + 1e-5]], mu=np.zeros(2), var=np.zeros(2))
 
 
 def test_spike_slab_rejects_bad_probabilities():

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _validate as check
+from .kl import SUM_TOLERANCE
 
 __all__ = [
     "ReluNet",
@@ -53,8 +54,9 @@ class SpikeGMMPosterior:
             raise ValueError(f"shapes must be (T,), (T,K), (K,), (K,); got {lt.shape, phi.shape, mu.shape}")
         if np.any((lt < 0) | (lt > 1)) or np.any(phi < 0) or np.any(var < 0):
             raise ValueError("need 0 <= lam_tilde <= 1, phi >= 0, var >= 0")
-        if not np.allclose(phi.sum(axis=1), 1.0, atol=1e-10):
+        if not np.allclose(phi.sum(axis=1), 1.0, rtol=0, atol=SUM_TOLERANCE):
             raise ValueError(f"each row of phi must sum to 1, got {phi.sum(axis=1)}")
+        phi = phi / phi.sum(axis=1, keepdims=True)  # float32 rows (sqs-core's responsibilities) miss 1 by ~1e-7
         for name, val in (("lam_tilde", lt), ("phi", phi), ("mu", mu), ("var", var)):
             object.__setattr__(self, name, val)
 
