@@ -116,6 +116,7 @@ def test_appendix_b_checks_at_the_edges_of_their_domain():
         assert math.isfinite(verdict.details["log_moment"])
     chernoff = appendix_b_rates.check_chernoff_tail(sigmas=(0.01, 0.05))
     assert chernoff.holds and 0 < chernoff.details["max_ratio_tail_over_bound"] < 1
+    assert appendix_b.check_sup_bound_mc(N=4.0).details == appendix_b.check_sup_bound_mc(N=4).details  # an int
     with pytest.raises(ValueError, match=r"check_gaussian_abs_mgf\(t=0.5, sigma=100.0\) leaves float64's range"):
         appendix_b.check_gaussian_abs_mgf(0.5, 100.0)
 

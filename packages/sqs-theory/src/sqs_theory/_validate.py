@@ -110,7 +110,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def arguments(**kinds: str) -> Callable[[_F], _F]:
     """A decorator checking the named arguments (passed or defaulted) before the function runs, each by its kind:
-    ``real``, ``positive``, ``nonnegative``, ``probability``, ``count`` (an integer >= 1), ``seed``, ``positives``."""
+    ``real``, ``positive``, ``nonnegative``, ``probability``, ``count`` (an integer >= 1; an integral float is
+    passed on as the int), ``seed``, ``positives``; and naming the call where its terms leave float64's range."""
     unknown = sorted(set(kinds.values()) - set(_KINDS))
     if unknown:
         raise ValueError(f"unknown argument kinds {unknown}; known: {sorted(_KINDS)}")
@@ -126,9 +127,11 @@ def arguments(**kinds: str) -> Callable[[_F], _F]:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             for name, kind in kinds.items():
-                _KINDS[kind](name, bound.arguments[name])
+                checked_value = _KINDS[kind](name, bound.arguments[name])
+                if checked_value is not None:  # a count given as 2.0 goes on as the int 2
+                    bound.arguments[name] = checked_value
             try:
-                return fn(*args, **kwargs)
+                return fn(*bound.args, **bound.kwargs)
             except (OverflowError, ZeroDivisionError) as err:  # valid arguments whose terms leave float64
                 given = ", ".join(f"{k}={v!r}" for k, v in bound.arguments.items())
                 raise ValueError(f"{fn.__name__}({given}) leaves float64's range ({err})") from err
