@@ -1,7 +1,7 @@
 """Random model × dtype × weights × config × precision runs: prepare → schedule → train → resume from a
-checkpoint → average → greedy → save → load, with no NaN or inf anywhere, the resumed model computing what the
-trained one computes, and the loaded model and the file's Bayesian average what the greedy model and the
-in-memory average compute.
+checkpoint → average → greedy → save → load → back to training → sample, with no NaN or inf anywhere, the resumed
+model computing what the trained one computes, the loaded model and the file's Bayesian average what the greedy
+model and the in-memory average compute, and two draws from one seed the same weights.
 
 A hand-run version of this search (session 53, 650 random cases) found the float16 moment-matched NaN gradients
 that tests/core/test_noise_half.py pins down; every other failure it found was a plain model's own (torch's LSTM
