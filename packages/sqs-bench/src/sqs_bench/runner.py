@@ -27,9 +27,10 @@ from sqs_bench import baselines
 from sqs_bench.config import expand_recipe, load_recipe, load_suite, suite_labels
 from sqs_bench.data import CIFAR10_URL, FULL_SIZES, CifarSplits, DataNotFoundError, load_splits
 from sqs_bench.models import load_model, require_timm
+from sqs_bench.preflight import budget_of, check_run_values
 from sqs_bench.results import OutputFolderError, out_dir_path, prepare_out_dir, write_atomic
 from sqs_bench.stats import accuracy, paired_bootstrap_drop_ci
-from sqs_bench.train import Budget, predict
+from sqs_bench.train import predict
 
 __all__ = ["SCHEMA_VERSION", "check_outputs", "git_commit", "machine", "run_config", "run_suite", "suite_configs"]
 
@@ -98,11 +99,23 @@ def _data(config: dict, data_dir: str | Path | None, cache: dict) -> CifarSplits
     return splits.subset(val=config.get("val_images"), test=config.get("test_images"))
 
 
+def _method_of(config: dict) -> tuple[Callable[..., Any], tuple[str, ...]]:
+    """(the function a run calls, the keyword arguments the runner passes it itself)."""
+    if config["method"] == "sqs":
+        from sqs_bench.sqs_method import run_sqs
+
+        return run_sqs, ("bits", "nonzero", "artifact", "sqs_config")
+    return _BASELINES[config["method"]]
+
+
 def check_requirements(configs: list[dict], data_dir: str | Path | None, cache: dict) -> None:
-    """Fail before any compute if a run's method, model library or data is missing."""
+    """Fail before any compute if a run's method, values (:mod:`sqs_bench.preflight`), model library or data is
+    missing or wrong; every run's values are checked before any data is read."""
     for config in configs:
         if config["method"] not in METHODS:
             raise ValueError(f"{config['run_id']}: unknown method {config['method']!r}; expected {METHODS}")
+        check_run_values(config, *_method_of(config))
+    for config in configs:
         if config["model"].startswith("timm:"):
             require_timm()
         _data(config, data_dir, cache)
@@ -143,14 +156,9 @@ def _checkpoint(config: dict) -> str | None:
     return pattern.format(arch=config["model"].removeprefix("timm:")) if pattern else None
 
 
-def _budget(config: dict) -> Budget:
-    keys = ("epochs", "batch_size", "max_batches", "seed", "bn_images", "distill_weight", "distill_temperature")
-    return Budget(**{k: config[k] for k in keys if k in config})
-
-
 def _run_method(config: dict, model: nn.Module, data: CifarSplits, out_dir: Path) -> tuple[dict, list[dict]]:
     """(record, evaluations with val/test predictions) of the run's method."""
-    budget, options = _budget(config), dict(config.get("options", {}))
+    budget, options = budget_of(config), dict(config.get("options", {}))
     if config["method"] == "sqs":
         from sqs_bench.sqs_method import run_sqs
 
