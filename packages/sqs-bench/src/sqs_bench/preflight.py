@@ -10,11 +10,10 @@ table builds and its sample counts.
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 from collections.abc import Callable
 from typing import Any
 
+from sqs_bench.results import is_finite_number, is_integer
 from sqs_bench.train import Budget
 
 __all__ = ["BUDGET_KEYS", "budget_of", "check_run_values"]
@@ -27,10 +26,10 @@ def budget_of(config: dict) -> Budget:
     """The run's :class:`~sqs_bench.train.Budget` (its integer fields checked to be integers first)."""
     for key in _INTEGER_KEYS:
         value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        if value is not None and not is_integer(value):
             raise ValueError(f"{key} must be an integer, got {value!r}")
     for key in ("distill_weight", "distill_temperature"):
-        if key in config and not _is_real(config[key]):
+        if key in config and not is_finite_number(config[key]):
             raise ValueError(f"{key} must be a finite number, got {config[key]!r}")
     return Budget(**{k: config[k] for k in BUDGET_KEYS if k in config})
 
@@ -44,15 +43,11 @@ def check_run_values(config: dict, method: Callable[..., Any], given: tuple[str,
         raise ValueError(f"{config['run_id']}: {err}") from None
 
 
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _check_values(config: dict, method: Callable[..., Any], given: tuple[str, ...]) -> None:
     bits, nonzero = config["bits"], config.get("nonzero", 1.0)
-    if isinstance(bits, bool) or not isinstance(bits, int) or bits < 1:
+    if not is_integer(bits) or bits < 1:
         raise ValueError(f"bits must be an integer >= 1, got {bits!r}")
-    if not _is_real(nonzero) or not 0 < nonzero <= 1:
+    if not is_finite_number(nonzero) or not 0 < nonzero <= 1:
         raise ValueError(f"nonzero must be a number in (0, 1], got {nonzero!r}")
     budget_of(config)
     options = dict(config.get("options", {}))
@@ -62,7 +57,7 @@ def _check_values(config: dict, method: Callable[..., Any], given: tuple[str, ..
 
         build_config(config.get("sqs", {}), bits=bits, nonzero=nonzero)
         samples = options.get("samples", [4])
-        if not samples or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in samples):
+        if not samples or not all(is_integer(m) and m >= 1 for m in samples):
             raise ValueError(f"options.samples must be a non-empty list of integers >= 1, got {samples!r}")
 
 
@@ -74,5 +69,5 @@ def _check_options(name: str, options: dict, method: Callable[..., Any], given: 
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for method {name!r}; known: {known}")
     for key, value in options.items():
-        if key.endswith("lr") and value is not None and not (_is_real(value) and value > 0):
+        if key.endswith("lr") and value is not None and not (is_finite_number(value) and value > 0):
             raise ValueError(f"options.{key} must be a finite number > 0, got {value!r}")

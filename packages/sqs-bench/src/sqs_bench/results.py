@@ -75,16 +75,18 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         raise OutputFolderError(f"could not write {path}: {getattr(err, 'strerror', None) or err}") from err
 
 
-def _finite(value: Any) -> bool:
+def is_finite_number(value: Any) -> bool:
+    """A finite int or float, not a bool (JSON results, recipe values)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _integer(value: Any) -> bool:
+def is_integer(value: Any) -> bool:
+    """An int, not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _interval(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(map(_finite, value))
+    return isinstance(value, list) and len(value) == 2 and all(map(is_finite_number, value))
 
 
 def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -92,10 +94,10 @@ def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 
 _Check = tuple[str, Callable[[Any], bool]]
-_NUMBER: _Check = ("a finite number", _finite)
-_OPT_NUMBER: _Check = ("a finite number or null", _optional(_finite))
-_INT: _Check = ("an integer", _integer)
-_OPT_INT: _Check = ("an integer or null", _optional(_integer))
+_NUMBER: _Check = ("a finite number", is_finite_number)
+_OPT_NUMBER: _Check = ("a finite number or null", _optional(is_finite_number))
+_INT: _Check = ("an integer", is_integer)
+_OPT_INT: _Check = ("an integer or null", _optional(is_integer))
 _STR: _Check = ("a string", lambda v: isinstance(v, str))
 _OPT_STR: _Check = ("a string or null", lambda v: v is None or isinstance(v, str))
 _OBJECT: _Check = ("an object", lambda v: isinstance(v, dict))
