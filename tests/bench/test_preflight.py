@@ -10,7 +10,7 @@ import pytest
 from sqs_bench import runner
 from sqs_bench.config import expand_recipe, load_recipe
 
-RECIPE = load_recipe("table1_resnet20")  # runs: sqs, sqs (appendix recipe), dgms, magnitude_kmeans, uniform
+RECIPE = load_recipe("table1_resnet20")  # runs 0-1: sqs; 2: dgms; 3: magnitude_kmeans; ...; 6: uniform
 
 
 def _set(path: str, value):
