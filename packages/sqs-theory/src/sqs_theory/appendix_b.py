@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 from scipy import integrate
@@ -45,18 +44,9 @@ __all__ = [
 ]
 
 
-def _moment_arguments(t: Any, sigma: Any, d: Any) -> tuple[float, float, float]:
-    """(t, sigma, d) as floats: t and d finite reals, sigma finite and > 0 (sigma = 0 divided by zero; a
-    negative sigma gave a wrong value, the closed form assuming sigma > 0)."""
-    check.real("t", t)
-    check.real("sigma", sigma, low=0.0, strict=True)
-    check.real("d", d)
-    return float(t), float(sigma), float(d)
-
-
+@check.arguments(t="real", sigma="positive", d="real")  # sigma = 0 divided by zero; sigma < 0 gave a wrong value
 def log_abs_mgf(t: float, sigma: float, d: float = 0.0) -> float:
     """``log E exp(t |d + sigma Z|)`` in closed form (log space; see the module docstring)."""
-    t, sigma, d = _moment_arguments(t, sigma, d)
     half = t * t * sigma * sigma / 2
     a = t * d + half + float(log_ndtr(d / sigma + t * sigma))
     b = -t * d + half + float(log_ndtr(t * sigma - d / sigma))
@@ -77,9 +67,9 @@ def _piecewise_quad(f: Callable[[float], float], pts: Sequence[float]) -> float:
         raise ValueError("the integrand exceeds the float range: the moment is beyond 1.8e308") from None
 
 
+@check.arguments(t="real", sigma="positive", d="real")
 def abs_mgf_quad(t: float, sigma: float, d: float = 0.0) -> float:
     """``E exp(t |d + sigma Z|)`` by quadrature in ``z`` (the reference), split at the kink ``-d/sigma``."""
-    t, sigma, d = _moment_arguments(t, sigma, d)
     kink = -d / sigma
     lo, hi = min(kink, -t * sigma) - 40.0, max(kink, t * sigma) + 40.0
 
@@ -97,9 +87,9 @@ def _check_squared_domain(t: float, sigma: float) -> None:
         raise ValueError(f"t must be < 1/(2 sigma^2) = {1 / (2 * sigma * sigma):g} (the moment diverges), got {t!r}")
 
 
+@check.arguments(t="real", sigma="positive", d="real")
 def sq_mgf_quad(t: float, sigma: float, d: float = 0.0) -> float:
     """``E exp(t (d + sigma Z)^2)`` for ``t < 1/(2 sigma^2)`` by quadrature (the reference)."""
-    t, sigma, d = _moment_arguments(t, sigma, d)
     _check_squared_domain(t, sigma)
     width = 40.0 / math.sqrt(1 - 2 * t * sigma * sigma)
     center = d * sigma * 2 * t / (1 - 2 * t * sigma * sigma)
