@@ -105,3 +105,21 @@ def test_a_model_in_training_mode_is_warned_about_once(caplog):
         average(x)
         average(x)
     assert caplog.text.count("training mode") == 1 and "model.eval()" in caplog.text
+
+
+NOT_SCORES = {
+    r"a 0-d torch\.float32 tensor": lambda out: out["logits"].sum(),
+    r"a torch\.complex64 tensor": lambda out: torch.view_as_complex(out["logits"].reshape(-1, 2, 2)),
+}
+
+
+@pytest.mark.parametrize("named", NOT_SCORES)
+def test_probs_needs_real_scores_along_a_last_dimension(named):
+    """average="probs" takes a softmax over the last dimension: of a 0-d output it is 1 whatever the model says,
+    of a complex one torch has no kernel. Both are refused, named, and the layers put back."""
+    model, x = _prepared(), torch.randn(5, 6)
+    before = model(x)["logits"]
+    avg = sqs.BayesianAverage(model, samples=2, average="probs", output=NOT_SCORES[named])
+    with pytest.raises(ValueError, match=rf'average="probs"\) .*{named}'):
+        avg(x)
+    assert torch.equal(model(x)["logits"], before)

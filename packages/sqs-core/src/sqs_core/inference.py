@@ -198,10 +198,16 @@ class BayesianAverage(nn.Module):
     def _averaged_part(self, out: Any) -> torch.Tensor:
         """The tensor of one draw's output that is averaged: ``output(out)``, or ``out`` itself."""
         part = out if self.output is None else self.output(out)
+        what = "output(model output)" if self.output is not None else "the model's output"
         if not (isinstance(part, torch.Tensor) and (part.is_floating_point() or part.is_complex())):
-            what = "output(model output)" if self.output is not None else "the model's output"
             hint = "" if self.output is not None else "; pass output= to pick it (e.g. lambda out: out.logits)"
             raise ValueError(f"BayesianAverage averages a floating-point tensor, but {what} is {_describe(part)}{hint}")
+        if self.average == "probs" and (part.dim() == 0 or part.is_complex()):
+            shape = "a 0-d " if part.dim() == 0 else "a "
+            raise ValueError(
+                'BayesianAverage(average="probs") takes a softmax over the last dimension of real scores, but '
+                f'{what} is {shape}{_describe(part)[2:]}; average the outputs instead (average="outputs")'
+            )
         return part
 
 
