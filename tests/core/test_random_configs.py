@@ -1,7 +1,8 @@
-"""Random model × dtype × weights × config × precision runs: prepare → schedule → train → resume from a
-checkpoint → average → greedy → save → load → back to training → sample, with no NaN or inf anywhere, the resumed
-model computing what the trained one computes, the loaded model and the file's Bayesian average what the greedy
-model and the in-memory average compute, and two draws from one seed the same weights.
+"""Random model × dtype × weights × config × precision × training loop (optimizer, gradient accumulation) runs:
+prepare → schedule → train → resume from a checkpoint → average → greedy → save → load → back to training →
+sample, with no NaN or inf anywhere, the resumed model computing what the trained one computes, the loaded model
+and the file's Bayesian average what the greedy model and the in-memory average compute (outputs or probabilities
+averaged), and two draws from one seed the same weights.
 
 A hand-run version of this search (session 53, 650 random cases) found the float16 moment-matched NaN gradients
 that tests/core/test_noise_half.py pins down; every other failure it found was a plain model's own (torch's LSTM
@@ -23,6 +24,13 @@ from toy_models import Conv1D
 
 KINDS = ["mlp", "conv", "embedding", "lstm", "gru", "rnn", "attention", "transposed", "transposed2d", "conv3d"]
 KINDS += ["tied", "reused", "custom", "gpt_conv1d"]
+OPTIMIZERS = {
+    "Adam": torch.optim.Adam,
+    "AdamW": lambda groups: torch.optim.AdamW(groups, weight_decay=0.01),
+    "SGD nesterov": lambda groups: torch.optim.SGD(groups, momentum=0.9, nesterov=True),
+    "RMSprop": torch.optim.RMSprop,
+    "Adagrad": torch.optim.Adagrad,
+}
 WEIGHTS = ["normal", "constant", "three values", "tiny", "outliers", "half zero", "90% zero", "quantized"]
 
 
@@ -169,10 +177,14 @@ configs = st.fixed_dictionaries(
     config=configs,
     target=st.sampled_from([0.05, 0.5, 1.0, None]),  # None: what the pruning schedule left
     per_layer=st.booleans(),
+    loop=st.fixed_dictionaries(
+        {"optimizer": st.sampled_from(sorted(OPTIMIZERS)), "micro_batches": st.sampled_from([1, 2])}
+    ),
+    average=st.sampled_from(["outputs", "probs"]),
     seed=st.integers(0, 2**16),
 )
 def test_random_case_trains_and_round_trips_with_everything_finite(
-    kind, precision, weights, config, target, per_layer, seed, tmp_path_factory
+    kind, precision, weights, config, target, per_layer, loop, average, seed, tmp_path_factory
 ):
     dtype = getattr(torch, precision.split()[0]) if "autocast" not in precision else torch.float32
     autocast = getattr(torch, precision.split()[0]) if "autocast" in precision else None
@@ -191,21 +203,28 @@ def test_random_case_trains_and_round_trips_with_everything_finite(
             sqs.prepare_(model, full)
         return
     sqs.prepare_(model, full)
-    _train(model, x, y, target or 0.5, autocast, weight_lr=1e-3 if config["train_weight"] else None)
+    loop["weight_lr"] = 1e-3 if config["train_weight"] else None
+    _train(model, x, y, target or 0.5, autocast, loop)
     model.eval()
     resumed = sqs.prepare_(_Net(kind).to(dtype), full)  # another model's K-means, then the checkpoint
     resumed.load_state_dict(model.state_dict())
     assert torch.equal(resumed.eval()(x), model(x))
     with torch.no_grad():  # torch's kernels (nn.MultiheadAttention's fast path, matmul folding) follow grad
-        _check_inference(model, x, kind, dtype, target, per_layer, tmp_path_factory)
-    _back_to_training_then_sampled(model, x, y, target, per_layer, autocast, config["train_weight"])
+        _check_inference(model, x, (kind, dtype, average), target, per_layer, tmp_path_factory)
+    _back_to_training_then_sampled(model, x, y, target, per_layer, autocast, loop)
 
 
-def _check_inference(model, x, kind, dtype, target, per_layer, tmp_path_factory):
+def _check_inference(model, x, case, target, per_layer, tmp_path_factory):
     """Average, greedy, save, report, load, the file's average: finite, and the files computing what the model does."""
+    kind, dtype, how = case
     generator = torch.Generator().manual_seed(5)
-    average = sqs.BayesianAverage(model, samples=2, nonzero=target, per_layer=per_layer, generator=generator)(x)
+    average = sqs.BayesianAverage(
+        model, samples=2, nonzero=target, per_layer=per_layer, generator=generator, average=how
+    )(x)
     assert torch.isfinite(average).all()
+    if how == "probs":
+        tolerance = 1e-5 if dtype in (torch.float32, torch.float64) else 5e-2
+        torch.testing.assert_close(average.float().sum(-1), torch.ones(len(x)), rtol=0, atol=tolerance)
     sqs.greedy_(model, nonzero=target, per_layer=per_layer)
     greedy = model(x)
     assert torch.isfinite(greedy).all()
@@ -216,15 +235,15 @@ def _check_inference(model, x, kind, dtype, target, per_layer, tmp_path_factory)
     plain = sqs.load(path, _skeleton(kind, dtype))
     assert torch.equal(plain(x), greedy)
     from_file = sqs.load_bayesian_average(
-        path, _skeleton(kind, dtype), samples=2, generator=torch.Generator().manual_seed(5)
+        path, _skeleton(kind, dtype), samples=2, generator=torch.Generator().manual_seed(5), average=how
     )
     assert torch.equal(from_file(x), average)  # the file's draws are the posterior's
 
 
-def _back_to_training_then_sampled(model, x, y, target, per_layer, autocast, train_weight):
+def _back_to_training_then_sampled(model, x, y, target, per_layer, autocast, loop):
     """A greedy model put back to training (variational_) takes one more step; two draws from one seed agree."""
     sqs.variational_(model).train()
-    _train(model, x, y, target or 0.5, autocast, weight_lr=1e-3 if train_weight else None, steps=1)
+    _train(model, x, y, target or 0.5, autocast, loop, steps=1)
     model.eval()
     draws = [
         sqs.sample_(model, nonzero=target, per_layer=per_layer, generator=torch.Generator().manual_seed(3))(x)
@@ -249,22 +268,25 @@ def _settings(config, name):
     return config.for_layer(name)
 
 
-def _train(model, x, y, target, autocast, weight_lr, steps=5):
-    """``steps`` steps of the user's loop: both schedules, the Objective, Adam on the float32 / float64 parameters
-    (float16 weights under Adam are a float16 matter), every gradient checked."""
-    groups = sqs.param_groups(model, quant_lr=1e-3, gate_lr=1e-2, other_lr=1e-3, weight_lr=weight_lr)
-    opt = torch.optim.Adam([p for g in groups for p in g["params"] if p.dtype in (torch.float32, torch.float64)])
+def _train(model, x, y, target, autocast, loop, steps=5):
+    """``steps`` steps of the user's loop: both schedules, the Objective summed over ``loop["micro_batches"]``
+    (gradient accumulation), ``loop["optimizer"]`` on param_groups' float32 / float64 parameters (float16 weights
+    under an optimizer are a float16 matter), every gradient checked."""
+    groups = sqs.param_groups(model, quant_lr=1e-3, gate_lr=1e-2, other_lr=1e-3, weight_lr=loop["weight_lr"])
+    wide = [dict(g, params=[p for p in g["params"] if p.dtype in (torch.float32, torch.float64)]) for g in groups]
+    opt = OPTIMIZERS[loop["optimizer"]]([g for g in wide if g["params"]])
     objective = sqs.Objective(model, num_data=100)
     pruning = sqs.PruningSchedule(model, target_nonzero=target, total_steps=4)
     gate_temperature = sqs.GateTemperatureSchedule(model, total_steps=4)
+    parts = loop["micro_batches"]
     for step in range(steps):
         pruning.step(step)
         gate_temperature.step(step)
-        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-            out = model(x)
-        loss = objective(F.cross_entropy(out.float(), y))  # raises on a NaN / inf loss
         opt.zero_grad()
-        loss.backward()
+        for xb, yb in zip(x.chunk(parts), y.chunk(parts), strict=True):
+            with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                out = model(xb)
+            (objective(F.cross_entropy(out.float(), yb)) / parts).backward()  # raises on a NaN / inf loss
         bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
         assert not bad, f"non-finite gradients at step {step}: {bad}"
         opt.step()
