@@ -1,4 +1,5 @@
-"""Argument checks shared by the public functions: each raises ``ValueError`` naming the parameter and value.
+"""Argument checks shared by the public functions: each raises ``ValueError`` naming the parameter and value
+(and, through :func:`arguments` or :func:`within`, the function: ``"... (in fit_student)"``).
 
 The checks never alter a valid value (a float stays the same float), except that an integral count given
 as a float (``2.0``) is returned as the exact ``int``.
@@ -10,12 +11,24 @@ import functools
 import inspect
 import math
 import numbers
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import numpy as np
 
-__all__ = ["arguments", "count", "finite_array", "probability_array", "real", "seed"]
+__all__ = [
+    "arguments",
+    "at_least_one",
+    "count",
+    "distinct_counts",
+    "finite_array",
+    "fraction",
+    "probability_array",
+    "real",
+    "seed",
+    "within",
+]
 
 
 def real(name: str, value: Any, *, low: float = -math.inf, high: float = math.inf, strict: bool = False) -> Any:
@@ -49,6 +62,16 @@ def count(name: str, value: Any, *, low: int = 0) -> int:
     if whole < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return whole
+
+
+def distinct_counts(name: str, values: Any, *, low: int = 0) -> tuple[int, ...]:
+    """A sequence of distinct integers >= low, as a tuple of ints (each checked by :func:`count`)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a sequence of integers, got {values!r:.80}")
+    out = tuple(count(f"{name}[{i}]", v, low=low) for i, v in enumerate(values))
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} must be distinct, got {out}")
+    return out
 
 
 def seed(name: str, value: Any) -> int:
@@ -90,9 +113,37 @@ def _first(arr: np.ndarray, bad: np.ndarray) -> str:
     return f"{value!r} at index {index[0] if len(index) == 1 else index}" if index else repr(value)
 
 
+def fraction(name: str, value: Any) -> Any:
+    """A fraction in (0, 1] (a density of kept weights: 0 keeps nothing); returned unchanged."""
+    real(name, value)
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+    return value
+
+
+def at_least_one(name: str, value: Any) -> Any:
+    """A finite real >= 1 (a sample size n, which need not be an integer); returned unchanged."""
+    return real(name, value, low=1.0)
+
+
+def _short(value: Any, width: int = 80) -> str:
+    """``repr(value)``, cut to ``width`` characters (an array or a model can print pages)."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def _positives(name: str, values: Iterable[Any]) -> None:
     for value in values:
         real(name, value, low=0.0, strict=True)
+
+
+@contextmanager
+def within(where: str) -> Iterator[None]:
+    """Add ``(in where)`` to the message of a ``ValueError`` raised inside the block: the function it came from."""
+    try:
+        yield
+    except ValueError as err:
+        raise ValueError(f"{err} (in {where})") from None
 
 
 _KINDS: dict[str, Callable[[str, Any], Any]] = {
@@ -100,21 +151,30 @@ _KINDS: dict[str, Callable[[str, Any], Any]] = {
     "positive": functools.partial(real, low=0.0, strict=True),  # finite, > 0
     "nonnegative": functools.partial(real, low=0.0),  # finite, >= 0
     "probability": functools.partial(real, low=0.0, high=1.0),  # in [0, 1]
+    "fraction": fraction,  # in (0, 1]
+    "at_least_one": at_least_one,  # a finite real >= 1
     "count": functools.partial(count, low=1),  # an integer >= 1
+    "size": count,  # an integer >= 0
     "seed": seed,  # an integer >= 0
     "positives": _positives,  # an iterable of finite reals > 0
+    "finite_array": finite_array,  # a float array, every entry finite (returned as the array)
+    "positive_array": functools.partial(finite_array, positive=True),  # ... and > 0
 }
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def arguments(**kinds: str) -> Callable[[_F], _F]:
+def arguments(**kinds: str | Callable[[str, Any], Any]) -> Callable[[_F], _F]:
     """A decorator checking the named arguments (passed or defaulted) before the function runs, each by its kind:
-    ``real``, ``positive``, ``nonnegative``, ``probability``, ``count`` (an integer >= 1; an integral float is
-    passed on as the int), ``seed``, ``positives``; and naming the call where its terms leave float64's range."""
-    unknown = sorted(set(kinds.values()) - set(_KINDS))
+    ``real``, ``positive``, ``nonnegative``, ``probability``, ``fraction`` (in (0, 1]), ``at_least_one`` (a real
+    >= 1), ``count`` (an integer >= 1; an integral float is passed on as the int), ``size`` (an integer >= 0,
+    likewise), ``seed``, ``positives``, ``finite_array`` and ``positive_array`` (passed on as the float array),
+    or a callable ``check(name, value)`` returning the value to pass on (or None to keep it). A failed check's
+    message ends with ``(in function)``; a call whose terms leave float64's range is a ValueError naming it."""
+    unknown = sorted(kind for kind in kinds.values() if isinstance(kind, str) and kind not in _KINDS)
     if unknown:
         raise ValueError(f"unknown argument kinds {unknown}; known: {sorted(_KINDS)}")
+    checks = {name: _KINDS[kind] if isinstance(kind, str) else kind for name, kind in kinds.items()}
 
     def wrap(fn: _F) -> _F:
         signature = inspect.signature(fn)
@@ -126,14 +186,15 @@ def arguments(**kinds: str) -> Callable[[_F], _F]:
         def checked(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            for name, kind in kinds.items():
-                checked_value = _KINDS[kind](name, bound.arguments[name])
-                if checked_value is not None:  # a count given as 2.0 goes on as the int 2
-                    bound.arguments[name] = checked_value
+            with within(fn.__name__):
+                for name, check in checks.items():
+                    checked_value = check(name, bound.arguments[name])
+                    if checked_value is not None:  # a count given as 2.0 goes on as the int 2
+                        bound.arguments[name] = checked_value
             try:
                 return fn(*bound.args, **bound.kwargs)
             except (OverflowError, ZeroDivisionError) as err:  # valid arguments whose terms leave float64
-                given = ", ".join(f"{k}={v!r}" for k, v in bound.arguments.items())
+                given = ", ".join(f"{k}={_short(v)}" for k, v in bound.arguments.items())
                 raise ValueError(f"{fn.__name__}({given}) leaves float64's range ({err})") from err
 
         return checked  # type: ignore[return-value]

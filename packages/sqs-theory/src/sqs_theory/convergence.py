@@ -13,11 +13,11 @@ Gaussian-prior ablation of the appendix, and (spike_slab, default) runs sqs-core
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
-import math
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from .risk import predict, risk_summary
 from .student import StudentSpec, fit_student
 from .synthetic import (
     LEVELS,
+    check_teacher_shape,
     fit_full_precision,
     layers,
     make_teacher,
@@ -62,6 +63,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TIER_VERSION = 1
+_MIN_N = 8  # the smallest n of a tier
 THEORY_SLOPE = -1.0  # ε_n² ∝ r_n log^{2δ} n with r_n ~ (s/n)·log terms
 ESTIMATORS = (
     "hellinger_sq",
@@ -104,28 +106,52 @@ class Tier:
     version: int = TIER_VERSION
 
     def __post_init__(self) -> None:
-        for key in ("ns", "seeds", "ablation_ns", "default_ns", "check_ns"):
-            object.__setattr__(self, key, tuple(int(v) for v in getattr(self, key)))
-        if not self.ns or not self.seeds or min(self.ns) < 8:
-            raise ValueError(f"need at least one n >= 8 and one seed, got ns={self.ns}, seeds={self.seeds}")
-        for key in ("steps", "fp_restarts", "fp_max_iter", "projection_starts", "check_factor", "draws", "n_test"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)!r}")
-        for key in ("sigma", "quant_lr", "gate_lr", "gate_logit", "delta"):
-            if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
-                raise ValueError(f"{key} must be a finite number > 0, got {getattr(self, key)!r}")
-        if self.version != TIER_VERSION:
-            raise ValueError(f"unsupported tier version {self.version!r} (this library: {TIER_VERSION})")
+        with check.within("Tier"):
+            if not isinstance(self.name, str) or not self.name:
+                raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+            for key in ("ns", "seeds", "ablation_ns", "default_ns", "check_ns"):
+                # int(2.5) had made an n of 2; a repeated seed counted its fits twice
+                object.__setattr__(
+                    self, key, check.distinct_counts(key, getattr(self, key), low=0 if key == "seeds" else _MIN_N)
+                )
+            if not self.ns or not self.seeds:
+                raise ValueError(f"need at least one n >= {_MIN_N} and one seed, got ns={self.ns}, seeds={self.seeds}")
+            for key in ("ablation_ns", "default_ns", "check_ns"):  # check_ns outside ns was a StopIteration
+                if not set(getattr(self, key)) <= set(self.ns):
+                    raise ValueError(f"{key} must be a subset of ns={self.ns}, got {getattr(self, key)}")
+            _torch_seed(max(self.ns), max(self.seeds))
+            for key in ("steps", "fp_restarts", "fp_max_iter", "projection_starts", "check_factor", "draws", "n_test",
+                        "p", "width"):  # fmt: skip
+                object.__setattr__(self, key, check.count(key, getattr(self, key), low=1))
+            check_teacher_shape(self.p, self.width)
+            for key in ("sigma", "quant_lr", "gate_lr", "gate_logit", "delta"):
+                check.real(key, getattr(self, key), low=0.0, strict=True)
+            check.real("init_noise", self.init_noise, low=0.0)
+            for key in ("teacher_seed", "test_seed"):
+                object.__setattr__(self, key, check.seed(key, getattr(self, key)))
+            if self.version != TIER_VERSION:
+                raise ValueError(f"unsupported tier version {self.version!r} (this library: {TIER_VERSION})")
 
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: dict) -> Tier:
+        if not isinstance(data, dict):
+            raise ValueError(f"a Tier dict must be a dict, got {type(data).__name__}")
         unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown Tier fields: {sorted(unknown)}")
+        missing = {f.name for f in fields(cls) if f.default is MISSING} - set(data)
+        if unknown or missing:
+            raise ValueError(f"unknown Tier fields: {sorted(unknown)}; missing: {sorted(missing)}")
         return cls(**data)
+
+
+def _torch_seed(n: int, seed: int) -> int:
+    """The torch seed 10 000·seed + n of a fit, which must fit in int64."""
+    value = 10_000 * seed + n
+    if value >= 2**63:
+        raise ValueError(f"seed={seed!r} with n={n!r} makes the torch seed 10000·seed + n = {value} >= 2**63")
+    return value
 
 
 TIERS = {
@@ -178,12 +204,17 @@ def _fixed_weights(model) -> tuple[np.ndarray, np.ndarray]:
     return weights[0].numpy().copy(), weights[1].numpy().copy()
 
 
-def fit_point(tier: Tier, n: int, seed: int) -> list[dict]:
-    """Every variant of ``tier`` at (n, seed): one full-precision fit, then one SQS fit per variant."""
+@check.arguments(n=functools.partial(check.count, low=_MIN_N), seed="seed")
+def fit_point(tier: Tier | str, n: int, seed: int) -> list[dict]:
+    """Every variant of ``tier`` (a Tier or a name in TIERS) at (n, seed): one full-precision fit, then one SQS
+    fit per variant; n >= 8 and seed >= 0 integers."""
+    tier = _tier(tier)
+    with check.within("fit_point"):
+        torch_seed = _torch_seed(n, seed)
     teacher = make_teacher(tier.p, tier.width, seed=tier.teacher_seed)
     theta0 = teacher_theta(teacher)
     density = float(np.count_nonzero(theta0)) / theta0.size
-    gen = torch.Generator().manual_seed(10_000 * seed + n)
+    gen = torch.Generator().manual_seed(torch_seed)
     x, y = sample_data(teacher, n, tier.sigma, gen)
     x_test = torch.rand(tier.n_test, tier.p, generator=torch.Generator().manual_seed(tier.test_seed))
     f0 = predict(teacher, x_test)
@@ -200,7 +231,7 @@ def fit_point(tier: Tier, n: int, seed: int) -> list[dict]:
     points = []
     for spec in _variants(tier, n):
         start = time.perf_counter()
-        torch.manual_seed(10_000 * seed + n)  # the moment-matched forward draws from torch's global generator
+        torch.manual_seed(torch_seed)  # the moment-matched forward draws from torch's global generator
         base = canonical if spec.init == "projection" else fp.model
         model = fit_student(base, x, y, sigma=tier.sigma, density=density, spec=spec)
         risk = risk_summary(model, x_test, f0, sigma=tier.sigma, density=density, draws=tier.draws, generator=gen)
@@ -233,8 +264,11 @@ def _slopes(points: list[dict]) -> dict:
     return out
 
 
-def theory_reference(tier: Tier, s: int, k_sqs: int) -> dict:
-    """ε_n*² of the Theorem on the tier's grid (L = 1, N = width, δ) and its log-log slope there."""
+@check.arguments(s="positive", k_sqs="count")
+def theory_reference(tier: Tier | str, s: int, k_sqs: int) -> dict:
+    """ε_n*² of the Theorem on the tier's grid (L = 1, N = width, δ) and its log-log slope there; s > 0, k_sqs
+    (the free parameters of the parametric reference) >= 1."""
+    tier = _tier(tier)
     T = tier.width * (tier.p + 1)
     eps_sq = [eps_n(n, 1, tier.width, s, tier.p, tier.delta) ** 2 for n in tier.ns]
     bound = fit_slope(tier.ns, eps_sq) if len(tier.ns) >= 3 else None

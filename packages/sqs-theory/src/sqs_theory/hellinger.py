@@ -7,6 +7,7 @@ parametric model with k free parameters fitted by maximum likelihood has E d² �
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,22 +18,48 @@ from . import _validate as check
 __all__ = ["bootstrap_slope_ci", "fit_slope", "hellinger_sq", "hellinger_sq_gaussian", "parametric_reference"]
 
 
+# 8σ² below this is subnormal or 0 (1/(8σ²) loses digits or is inf), above max it is inf: use (diff/σ)²/8 there
+_TINY, _HUGE = float(np.finfo(float).tiny), float(np.finfo(float).max)
+
+
+def _predictions(f, f0) -> tuple[np.ndarray, np.ndarray]:
+    """f and f0 as float arrays of one shape, every entry finite (a broadcast (n,) against (n, 1) or (1,) was an
+    average over the wrong pairs; inf − inf a NaN)."""
+    f, f0 = check.finite_array("f", f), check.finite_array("f0", f0)
+    if f.shape != f0.shape:
+        raise ValueError(f"f and f0 must have the same shape, got {f.shape} and {f0.shape}")
+    return f, f0
+
+
+@check.arguments(sigma="positive")
 def hellinger_sq_gaussian(f, f0, sigma: float) -> np.ndarray:
-    """Pointwise d²(N(f, σ²), N(f0, σ²)) = 1 − exp(−(f − f0)² / (8σ²))."""
-    if not sigma > 0:
-        raise ValueError(f"sigma must be > 0, got {sigma!r}")
-    diff = np.asarray(f, dtype=float) - np.asarray(f0, dtype=float)
-    return -np.expm1(-(diff**2) / (8.0 * sigma**2))
+    """Pointwise d²(N(f, σ²), N(f0, σ²)) = 1 − exp(−(f − f0)² / (8σ²)); f and f0 finite, of one shape, σ > 0."""
+    with check.within("hellinger_sq_gaussian"):
+        f, f0 = _predictions(f, f0)
+    diff = f - f0
+    try:
+        scale = 8.0 * sigma**2
+    except OverflowError:  # a Python float's ** raises there
+        scale = math.inf
+    with np.errstate(over="ignore"):  # a square past float64 is inf: d² = 1, as it should
+        if not _TINY <= scale <= _HUGE:  # σ² under- or overflows: the same ratio, scaled first
+            return -np.expm1(-((diff / sigma) ** 2) / 8.0)
+        return -np.expm1(-(diff**2) / scale)
 
 
+@check.arguments(sigma="positive")
 def hellinger_sq(f, f0, sigma: float) -> float:
-    """d²(P_f, P_0) for Y | x ~ N(f(x), σ²), averaged over the x at which f and f0 are evaluated."""
+    """d²(P_f, P_0) for Y | x ~ N(f(x), σ²), averaged over the x at which f and f0 are evaluated (at least one)."""
+    if np.size(f) == 0:
+        raise ValueError("f must hold at least one prediction, got none (in hellinger_sq)")
     return float(np.mean(hellinger_sq_gaussian(f, f0, sigma)))
 
 
+@check.arguments(k="count", n="positive_array")
 def parametric_reference(k: int, n) -> np.ndarray:
-    """k / (8n): the asymptotic E d² of the maximum-likelihood fit of k regular parameters (d² ≈ KL/4)."""
-    return k / (8.0 * np.asarray(n, dtype=float))
+    """k / (8n): the asymptotic E d² of the maximum-likelihood fit of k regular parameters (d² ≈ KL/4);
+    k >= 1 an integer, every n finite and > 0."""
+    return k / (8.0 * n)
 
 
 def _log_points(ns: Sequence[float], values: Sequence[float], level: float) -> tuple[np.ndarray, np.ndarray]:
@@ -62,12 +89,12 @@ def fit_slope(ns: Sequence[float], values: Sequence[float], level: float = 0.95)
     }
 
 
+@check.arguments(resamples="count", seed="seed")
 def bootstrap_slope_ci(
     ns: Sequence[float], values: Sequence[float], *, level: float = 0.95, resamples: int = 2000, seed: int = 0
 ) -> list[float]:
     """Percentile interval of the OLS slope when the fits at each n are resampled with replacement
     (a check on the t-interval, which assumes homoscedastic independent log-errors)."""
-    resamples = check.count("resamples", resamples, low=1)
     log_ns, v_a = _log_points(ns, values, level)
     groups = [np.flatnonzero(log_ns == n) for n in np.unique(log_ns)]
     if len(groups) < 2:

@@ -45,8 +45,10 @@ import torch
 from scipy.optimize import least_squares
 from torch import nn
 
+from . import _tensors
+from . import _validate as check
 from .hspace import quantize_exact
-from .synthetic import layers, mlp_from_weights, training_nll
+from .synthetic import _weight_matrices, layers, mlp_from_weights, training_nll
 
 __all__ = ["Canonical", "canonicalize_", "project_rescaled"]
 
@@ -175,13 +177,25 @@ def _distance(w1, w2, c, q1, q2) -> float:
     return float(np.sum((c[:, None] * w1 - q1) ** 2) + np.sum((w2 / c[None, :] - q2) ** 2))
 
 
+def _scales(scales, width: int) -> np.ndarray:
+    """Starting scales c: finite and > 0, one per unit (a scalar is every unit's)."""
+    c = check.finite_array("scales", scales, positive=True)
+    if c.shape not in ((), (width,)):
+        raise ValueError(f"scales must have shape (width,) = {(width,)}, got {c.shape}")
+    return c
+
+
+@check.arguments(s="size", k="count", iterations="count")
 def project_rescaled(w1, w2, *, s: int, k: int, scales, iterations: int = 50):
     """Block-coordinate descent on D(c, Q) from ``scales`` (at their gauge Σ log c_j, each c_j within e^±3 of
-    its balanced value); returns the best (c, Q1, Q2, D) it visited.
+    its balanced value); returns the best (c, Q1, Q2, D) it visited. w1 (width, p) and w2 (1, width) finite
+    and within float32's range; s >= 0 and k >= 1 integers; scales > 0, one per unit.
 
     (The support step keeps the s largest rescaled weights, which is not always the best support for D,
     so D is tracked rather than assumed to decrease.)"""
-    w1, w2 = np.asarray(w1, dtype=float), np.asarray(w2, dtype=float)
+    with check.within("project_rescaled"):
+        w1, w2 = _weight_matrices(w1, w2)
+        scales = _scales(scales, w1.shape[0])
     ref = _log_balanced(w1, w2)
 
     def bound(c: np.ndarray) -> np.ndarray:
@@ -228,13 +242,15 @@ def _select(candidates: list[Canonical]) -> Canonical:
 
 
 @torch.no_grad()
+@check.arguments(sigma="positive", s="size", k="count", starts="count", seed="seed")
 def canonicalize_(model: nn.Module, x, y, *, sigma: float, s: int, k: int, starts: int, seed: int) -> Canonical:
     """Rescale ``model``'s hidden units in place (its function is unchanged) to the scales whose projection
-    onto H has the best training NLL, over ``starts`` starting scales (see the module docstring)."""
-    if starts < 1 or s < 0 or k < 1:
-        raise ValueError(f"need starts >= 1, s >= 0 and k >= 1, got {starts=}, {s=}, {k=}")
+    onto H has the best training NLL, over ``starts`` starting scales (see the module docstring); x (n, p) and
+    y (n, 1) finite, of the model's dtype, and the model's weights finite."""
     first, last = layers(model)
-    w1, w2 = first.weight.double().numpy(), last.weight.double().numpy()
+    with check.within("canonicalize_"):
+        _tensors.data(model, x, y)
+        w1, w2 = _weight_matrices(first.weight.double().numpy(), last.weight.double().numpy())
     candidates = []
     for c0 in _starts(w1, w2, starts, seed):
         c, q1, q2, distance = project_rescaled(w1, w2, s=s, k=k, scales=c0)

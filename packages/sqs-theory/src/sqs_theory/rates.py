@@ -152,14 +152,18 @@ def sigma_n_bracket(p: int, B: float, N: int, squared: bool) -> float:
     return (first**2 if squared else first) + 1 / ((2 * B * N) ** 2 - 1) + 2 / (2 * B * N - 1) ** 2
 
 
+@check.arguments(n="at_least_one", s="positive", L="count", N="count", p="count", B="positive")
 def log_sigma_n_sq(n: float, s: float, L: int, N: int, p: int, B: float, *, squared: bool = False) -> float:
     """``log sigma_n^2`` of the proof of Lemma ``bound_elbo`` (log space: ``(2BN)^(-2L)`` underflows).
 
     ``sigma_n^2 = s/(32 n) log(3N)^-1 (2BN)^(-2L) {(p+1+1/(BN-1)) + 1/((2BN)^2-1) + 2/(2BN-1)^2}^-1``;
-    ``squared=True`` uses ``(p+1+1/(BN-1))^2``, the form the proof's final algebra needs.
+    ``squared=True`` uses ``(p+1+1/(BN-1))^2``, the form the proof's final algebra needs. n >= 1, s > 0 and
+    B > 0 finite, L, N, p >= 1 integers, B·N > 1 (a ValueError names the argument; ``n=0`` had divided by zero,
+    ``p=0`` returned a number).
     """
+    ratio = s / (32 * n)
     return (
-        math.log(s / (32 * n))
+        (math.log(ratio) if ratio >= sys.float_info.min else math.log(s) - math.log(32) - math.log(n))  # underflow
         - math.log(math.log(3 * N))
         - 2 * L * math.log(2 * B * N)
         - math.log(sigma_n_bracket(p, B, N, squared))

@@ -12,7 +12,24 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment, minimize_scalar
 
+from . import _validate as check
+
 __all__ = ["best_unit_scale", "match_units", "recovery"]
+
+
+def _networks(t1, t2, s1, s2, *, names: tuple[str, str, str, str]) -> tuple[np.ndarray, ...]:
+    """Teacher (t1, t2) and student (s1, s2) as float arrays: finite, t1 and s1 (width, p) of one shape with
+    width, p >= 1, t2 and s2 (1, width). (A student with fewer units was matched to some of the teacher's, a w2
+    of another width indexed out of range.)"""
+    t1, t2, s1, s2 = (check.finite_array(name, a) for name, a in zip(names, (t1, t2, s1, s2), strict=True))
+    if t1.ndim != 2 or t1.size == 0:
+        raise ValueError(f"{names[0]} must be a non-empty (width, p) matrix, got shape {t1.shape}")
+    if s1.shape != t1.shape:
+        raise ValueError(f"{names[2]} must have the shape of {names[0]}, {t1.shape}, got {s1.shape}")
+    for name, w2 in ((names[1], t2), (names[3], s2)):
+        if w2.shape != (1, t1.shape[0]):
+            raise ValueError(f"{name} must have shape (1, width) = {(1, t1.shape[0])}, got {w2.shape}")
+    return t1, t2, s1, s2
 
 
 def match_units(t1: np.ndarray, t2: np.ndarray, s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
@@ -23,15 +40,22 @@ def match_units(t1: np.ndarray, t2: np.ndarray, s1: np.ndarray, s2: np.ndarray) 
     0.44 could swap its match with another's); that of w2_j·w1_j does not, but confuses a unit with one of
     opposite input and output signs, which computes another function (relu is not odd). t2 and s2 are therefore
     not read; they stay in the signature so that a teacher and a student are passed whole."""
+    with check.within("match_units"):
+        t1, t2, s1, s2 = _networks(t1, t2, s1, s2, names=("t1", "t2", "s1", "s2"))
     tn = t1 / np.maximum(np.linalg.norm(t1, axis=1, keepdims=True), 1e-12)
     sn = s1 / np.maximum(np.linalg.norm(s1, axis=1, keepdims=True), 1e-12)
     _, perm = linear_sum_assignment(-(tn @ sn.T))
     return perm
 
 
+@check.arguments(s1="finite_array", s2="finite_array", t1="finite_array", t2="finite_array")
 def best_unit_scale(s1, s2, t1, t2) -> float:
     """c > 0 minimising ‖c·s1 − t1‖² + ‖s2 / c − t2‖² over log c in [−3, 3] (one unit's input weights s1 and
-    output weight(s) s2 against targets t1, t2); 1 when the unit has no entries."""
+    output weight(s) s2 against targets t1, t2, finite, s1 of the shape of t1 and s2 of t2); 1 when the unit has
+    no entries."""
+    for name, s, t in (("s1", s1, t1), ("s2", s2, t2)):
+        if s.shape != t.shape:
+            raise ValueError(f"{name} must have the shape of its target, {t.shape}, got {s.shape} (in best_unit_scale)")
     if np.size(s1) + np.size(s2) == 0:
         return 1.0
 
@@ -44,9 +68,15 @@ def best_unit_scale(s1, s2, t1, t2) -> float:
 
 def recovery(teacher_w1, teacher_w2, w1, w2, *, levels) -> dict:
     """Support recovery (true / false positive kept weights, false negatives) and level recovery of the
-    student (w1 (width, p), w2 (1, width)) against the teacher, after matching units."""
-    t1, t2 = np.asarray(teacher_w1, dtype=float), np.asarray(teacher_w2, dtype=float)
-    w1, w2 = np.asarray(w1, dtype=float), np.asarray(w2, dtype=float)
+    student (w1 (width, p), w2 (1, width)) against the teacher (same shapes), after matching units; every
+    weight and the ``levels`` (at least one) finite. The sign, level error and level accuracy entries are NaN
+    when no teacher weight is kept (there is nothing to compare)."""
+    with check.within("recovery"):
+        names = ("teacher_w1", "teacher_w2", "w1", "w2")
+        t1, t2, w1, w2 = _networks(teacher_w1, teacher_w2, w1, w2, names=names)
+        grid = check.finite_array("levels", levels)
+        if grid.ndim != 1 or grid.size == 0:
+            raise ValueError(f"levels must be a non-empty 1-D sequence, got shape {grid.shape}")
     perm = match_units(t1, t2, w1, w2)
     s1, s2 = w1[perm], w2[:, perm]
     kept1, kept2, true1, true2 = s1 != 0, s2 != 0, t1 != 0, t2 != 0
@@ -56,7 +86,6 @@ def recovery(teacher_w1, teacher_w2, w1, w2, *, levels) -> dict:
     raw = np.concatenate([s1[tp1] - t1[tp1], s2[tp2] - t2[tp2]])
     scaled_s = np.concatenate([(c[:, None] * s1)[tp1], (s2 / c[None, :])[tp2]])
     truth = np.concatenate([t1[tp1], t2[tp2]])
-    grid = np.asarray(levels, dtype=float)
     nearest = grid[np.argmin(np.abs(scaled_s[:, None] - grid[None, :]), axis=1)] if truth.size else truth
     kept, true = np.concatenate([kept1.ravel(), kept2.ravel()]), np.concatenate([true1.ravel(), true2.ravel()])
     return {

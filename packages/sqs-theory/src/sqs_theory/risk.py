@@ -20,6 +20,8 @@ import sqs_core as sqs
 import torch
 from torch import nn
 
+from . import _tensors
+from . import _validate as check
 from .hellinger import hellinger_sq, hellinger_sq_gaussian
 
 __all__ = ["draw_from_q_", "predict", "risk_summary"]
@@ -27,10 +29,22 @@ __all__ = ["draw_from_q_", "predict", "risk_summary"]
 
 @torch.no_grad()
 def predict(model: nn.Module, x: torch.Tensor) -> np.ndarray:
+    """f(x) as a float64 vector (n,), for x (n, p) finite, of the model's dtype."""
+    with check.within("predict"):
+        _tensors.inputs(model, x)
     return model(x).numpy().ravel().astype(float)
 
 
+def _sqs_model(name: str, model: nn.Module) -> None:
+    """A model prepared by sqs-core (an unprepared one has nothing to draw, and a draw was silently nothing)."""
+    if not isinstance(model, nn.Module) or not sqs.sqs_layers(model):
+        raise ValueError(
+            f"{name} must be prepared by sqs_core.prepare_ (it has no SQS layers), got {type(model).__name__}"
+        )
+
+
 @torch.no_grad()
+@check.arguments(model=_sqs_model, generator=_tensors.generator)
 def draw_from_q_(model: nn.Module, generator: torch.Generator) -> None:
     """Fix every SQS layer of ``model`` to one draw θ̃ ~ q̂ (eq. marginal_vb, with the pruning masks)."""
     layers = sqs.sqs_layers(model)
@@ -51,13 +65,23 @@ def _mean_sd(values) -> tuple[float, float]:
     return float(np.mean(values)), float(np.std(values) / np.sqrt(len(values)))
 
 
+def _test_sample(model: nn.Module, x_test, f0) -> None:
+    """x_test (n, p) finite, of the model's dtype, and f0 its n finite true values (a shorter f0 broadcast)."""
+    n = _tensors.inputs(model, x_test, name="x_test")
+    truth = check.finite_array("f0", f0)
+    if truth.shape != (n,):
+        raise ValueError(f"f0 must have shape (n_test,) = {(n,)}, got {truth.shape}")
+
+
+@check.arguments(model=_sqs_model, sigma="positive", density="fraction", draws="count", generator=_tensors.generator)
 def risk_summary(
     model: nn.Module, x_test: torch.Tensor, f0: np.ndarray, *, sigma: float, density: float, draws: int, generator
 ) -> dict[str, float]:
     """Every estimator of the module docstring, with Monte Carlo standard errors over the M = ``draws`` draws;
-    leaves ``model`` in its variational forward."""
-    if draws < 1:
-        raise ValueError(f"draws must be >= 1, got {draws}")
+    leaves ``model`` in its variational forward. ``model`` prepared by sqs-core, x_test (n, p) and f0 (n,)
+    finite, σ > 0, density in (0, 1], draws >= 1."""
+    with check.within("risk_summary"):
+        _test_sample(model, x_test, f0)
     pointwise = hellinger_sq_gaussian(predict(model, x_test), f0, sigma)
     out = {"hellinger_sq_avg": float(pointwise.mean()), "hellinger_sq_x_se": _mean_sd(pointwise)[1]}
     q_draws, d_draws = [], []

@@ -30,9 +30,11 @@ import torch
 from sqs_core import keep_top_fraction
 from torch import nn
 
+from . import _tensors
+from . import _validate as check
 from .hspace import quantize_exact
 from .rates import log_sigma_n_sq, neg_log_lambda
-from .synthetic import LEVELS, gaussian_nll, layers
+from .synthetic import LEVELS, _gaussian_nll, layers
 
 __all__ = ["INITS", "LIKELIHOODS", "PRIORS", "StudentSpec", "fit_student", "proof_log_std", "theorem_keep_prob"]
 
@@ -41,13 +43,15 @@ INITS = ("projection", "default")
 LIKELIHOODS = ("moment_matched", "plugin")
 
 
+@check.arguments(n="at_least_one", T="count", L="count", N="count", p="count", delta="positive")
 def theorem_keep_prob(n: int, *, T: int, L: int, N: int, p: int, delta: float) -> float:
     """λ of Theorem ``formal_convergence``: −log λ = log T + δ[(L + 1) log N + log(√n p)] (T: weights here)."""
     return math.exp(-neg_log_lambda(n, L, N, p, delta, T=T))
 
 
+@check.arguments(n="at_least_one", s="positive", N="count", p="count", B="positive")
 def proof_log_std(n: int, *, s: int, N: int, p: int, B: float) -> float:
-    """log σ_n for L = 1, with the squared bracket the proof's algebra needs (erratum B7)."""
+    """log σ_n for L = 1, with the squared bracket the proof's algebra needs (erratum B7); B·N > 1."""
     return 0.5 * log_sigma_n_sq(n, s, 1, N, p, B, squared=True)
 
 
@@ -123,31 +127,40 @@ class StudentSpec:
     B: float = 1.5  # the bound B of H(T, s, K) used in σ_n
 
     def __post_init__(self) -> None:
-        for name, value, choices in (
-            ("prior", self.prior, PRIORS),
-            ("init", self.init, INITS),
-            ("likelihood", self.likelihood, LIKELIHOODS),
-        ):
-            if value not in choices:
-                raise ValueError(f"unknown {name} {value!r}; expected one of {choices}")
-        if self.init == "default" and self.likelihood != "plugin":
-            raise ValueError("init='default' runs sqs-core's defaults, whose likelihood is 'plugin'")
-        if self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps!r}")
-        for name in ("quant_lr", "gate_lr", "gate_logit", "delta", "B"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        with check.within("StudentSpec"):
+            for name, value, choices in (
+                ("prior", self.prior, PRIORS),
+                ("init", self.init, INITS),
+                ("likelihood", self.likelihood, LIKELIHOODS),
+            ):
+                if value not in choices:
+                    raise ValueError(f"unknown {name} {value!r}; expected one of {choices}")
+            if self.init == "default" and self.likelihood != "plugin":
+                raise ValueError("init='default' runs sqs-core's defaults, whose likelihood is 'plugin'")
+            object.__setattr__(self, "steps", check.count("steps", self.steps, low=1))  # 2.0 -> 2; 2.5 refused
+            for name in ("quant_lr", "gate_lr", "gate_logit", "delta", "B"):
+                check.real(name, getattr(self, name), low=0.0, strict=True)
 
     @property
     def key(self) -> str:
         return f"{self.prior}/{self.init}/{self.likelihood}"
 
 
+def _spec(name: str, value: object) -> None:
+    if not isinstance(value, StudentSpec):
+        raise ValueError(f"{name} must be a StudentSpec, got {value!r:.80}")
+
+
+@check.arguments(sigma="positive", density="fraction", spec=_spec)
 def fit_student(fp_model: nn.Module, x, y, *, sigma: float, density: float, spec: StudentSpec) -> nn.Module:
     """Compress a copy of ``fp_model`` (a ``p -> width -> 1`` bias-free MLP) with sqs-core as ``spec`` says;
-    returns the prepared model in eval mode, in its variational (θ^avg) forward."""
+    returns the prepared model in eval mode, in its variational (θ^avg) forward. x (n, p) and y (n, 1) finite,
+    of the model's dtype; σ > 0; density in (0, 1], keeping at least one weight where q starts at the projection."""
+    with check.within("fit_student"):
+        _tensors.data(fp_model, x, y)
     n, T = x.shape[0], sum(m.weight.numel() for m in fp_model.modules() if isinstance(m, nn.Linear))
+    if spec.init == "projection" and round(density * T) < 1:
+        raise ValueError(f"density must keep at least one of T={T} weights, got {density!r} (in fit_student)")
     width, p = layers(fp_model)[0].out_features, layers(fp_model)[0].in_features
     theorem = theorem_keep_prob(n, T=T, L=1, N=width, p=p, delta=spec.delta)
     keep_prob = density if spec.init == "default" else theorem  # the defaults put λ at the Non-zero rate
@@ -165,7 +178,7 @@ def fit_student(fp_model: nn.Module, x, y, *, sigma: float, density: float, spec
     for step in range(spec.steps):
         pruning.step(step)
         opt.zero_grad()
-        objective(gaussian_nll(model, x, y, sigma)).backward()
+        objective(_gaussian_nll(model, x, y, sigma)).backward()
         opt.step()
         if decay is not None:
             decay.step()

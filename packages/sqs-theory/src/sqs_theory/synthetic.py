@@ -21,6 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import _tensors
+from . import _validate as check
+
 __all__ = [
     "LEVELS",
     "FullPrecisionFit",
@@ -53,9 +56,23 @@ def _mlp(p: int, width: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(p, width, bias=False), nn.ReLU(), nn.Linear(width, 1, bias=False))
 
 
+def _weight_matrices(w1, w2) -> tuple[np.ndarray, np.ndarray]:
+    """w1 (width, p) and w2 (1, width), finite and within float32's range, width and p >= 1."""
+    w1, w2 = check.finite_array("w1", w1), check.finite_array("w2", w2)
+    if w1.ndim != 2 or w1.size == 0:
+        raise ValueError(f"w1 must be a non-empty (width, p) matrix, got shape {w1.shape}")
+    if w2.shape != (1, w1.shape[0]):
+        raise ValueError(f"w2 must have shape (1, width) = {(1, w1.shape[0])}, got {w2.shape}")
+    for name, w in (("w1", w1), ("w2", w2)):
+        if np.abs(w).max() > np.finfo(np.float32).max:
+            raise ValueError(f"{name} must be within float32's range, got {float(np.abs(w).max())!r}")
+    return w1, w2
+
+
 def mlp_from_weights(w1, w2) -> nn.Sequential:
     """The bias-free ReLU MLP ``p -> width -> 1`` with W1 = ``w1`` (width, p) and W2 = ``w2`` (1, width), float32."""
-    w1, w2 = np.asarray(w1), np.asarray(w2)
+    with check.within("mlp_from_weights"):
+        w1, w2 = _weight_matrices(w1, w2)
     model = _mlp(w1.shape[1], w1.shape[0])
     first, last = layers(model)
     with torch.no_grad():
@@ -64,10 +81,17 @@ def mlp_from_weights(w1, w2) -> nn.Sequential:
     return model
 
 
-def make_teacher(p: int = 4, width: int = 6, seed: int = 0) -> nn.Sequential:
-    """f0 in H(T, s = 3·width, K = 4): unit j has weight +|l| on input a_j, -|l'| on b_j and output level v_j."""
+def check_teacher_shape(p: int, width: int) -> None:
+    """A ValueError unless p >= 2 and 1 <= width <= p(p - 1): each unit reads its own ordered pair of inputs."""
     if p < 2 or width < 1 or width > p * (p - 1):
         raise ValueError(f"need p >= 2 and 1 <= width <= p(p-1) (distinct ordered input pairs), got {p=}, {width=}")
+
+
+@check.arguments(p="count", width="count", seed="seed")
+def make_teacher(p: int = 4, width: int = 6, seed: int = 0) -> nn.Sequential:
+    """f0 in H(T, s = 3·width, K = 4): unit j has weight +|l| on input a_j, -|l'| on b_j and output level v_j."""
+    with check.within("make_teacher"):
+        check_teacher_shape(p, width)
     rng = np.random.default_rng(seed)
     pairs = list(itertools.permutations(range(p), 2))
     chosen = rng.choice(len(pairs), size=width, replace=False)
@@ -86,25 +110,40 @@ def teacher_theta(model: nn.Module) -> np.ndarray:
     return np.concatenate([first.weight.detach().numpy().ravel(), last.weight.detach().numpy().ravel()])
 
 
+@check.arguments(n="count", sigma="positive", generator=_tensors.generator)
 def sample_data(teacher: nn.Module, n: int, sigma: float, generator: torch.Generator):
     """n pairs (X, Y) of eq. regression: X ~ U[0,1]^p, Y = f0(X) + N(0, sigma^2); shapes (n, p), (n, 1)."""
-    if n < 1 or not sigma > 0:
-        raise ValueError(f"need n >= 1 and sigma > 0, got {n=}, {sigma=}")
     x = torch.rand(n, layers(teacher)[0].in_features, generator=generator)
     with torch.no_grad():
         y = teacher(x) + sigma * torch.randn(n, 1, generator=generator)
+    if not torch.isfinite(y).all():  # sigma (or the teacher) beyond float32's range
+        raise ValueError(f"Y overflows float32 at sigma={sigma!r} (in sample_data)")
     return x, y
 
 
-def gaussian_nll(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Batch-mean −log p(y|x, θ) up to a constant: mean (y − f_θ(x))² / (2σ²), σ known (Section 3.2)."""
+def _gaussian_nll(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float) -> torch.Tensor:
+    """:func:`gaussian_nll` without the argument checks (the training loops check their data once)."""
     return ((y - model(x)) ** 2).mean() / (2.0 * sigma**2)
 
 
+@check.arguments(sigma="positive")
+def gaussian_nll(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Batch-mean −log p(y|x, θ) up to a constant: mean (y − f_θ(x))² / (2σ²), σ known (Section 3.2);
+    x (n, p) and y (n, 1) finite, of the model's dtype."""
+    with check.within("gaussian_nll"):
+        _tensors.data(model, x, y)
+    return _gaussian_nll(model, x, y, sigma)
+
+
 @torch.no_grad()
+@check.arguments(sigma="positive")
 def training_nll(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float) -> float:
-    """:func:`gaussian_nll` as a float, without gradients (the NLL reported for a fitted network)."""
-    return float(gaussian_nll(model, x, y, sigma))
+    """:func:`gaussian_nll` as a float, without gradients (the NLL reported for a fitted network); a ValueError
+    where it leaves float32's range (σ² underflowing, say)."""
+    with check.within("training_nll"):
+        _tensors.data(model, x, y)
+    nll = float(_gaussian_nll(model, x, y, sigma))
+    return _tensors.check_finite_result("training_nll", "the NLL", nll, sigma=sigma)
 
 
 @dataclass(frozen=True)
@@ -127,14 +166,18 @@ def _lbfgs(model: nn.Module, x, y, sigma: float, max_iter: int) -> float:
 
     def closure():
         opt.zero_grad()
-        loss = gaussian_nll(model, x, y, sigma)
+        loss = _gaussian_nll(model, x, y, sigma)
         loss.backward()
         return loss
 
     opt.step(closure)
-    return training_nll(model, x, y, sigma)
+    with torch.no_grad():
+        return float(_gaussian_nll(model, x, y, sigma))
 
 
+@check.arguments(
+    sigma="positive", init_noise="nonnegative", restarts="count", max_iter="count", generator=_tensors.generator
+)
 def fit_full_precision(
     teacher: nn.Module, x, y, *, sigma: float, init_noise: float, restarts: int, max_iter: int, generator
 ) -> FullPrecisionFit:
@@ -142,9 +185,10 @@ def fit_full_precision(
 
     The loss is non-convex (ReLU units can die or swap kinks): about a third of single starts stop at a
     worse stationary point, so the restart with the smallest *training* NLL is kept (no teacher peeking).
+    x (n, p) and y (n, 1) finite, of the teacher's dtype; a ValueError if the kept NLL is not finite.
     """
-    if restarts < 1 or max_iter < 1:
-        raise ValueError(f"restarts and max_iter must be >= 1, got {restarts=}, {max_iter=}")
+    with check.within("fit_full_precision"):
+        _tensors.data(teacher, x, y)
     models, nlls = [], []
     t_first, _ = layers(teacher)
     for _ in range(restarts):
@@ -155,6 +199,10 @@ def fit_full_precision(
                 target.weight.copy_(w + init_noise * torch.randn(w.shape, generator=generator))
         nlls.append(_lbfgs(model, x, y, sigma, max_iter))
         models.append(model)
-    best = int(np.argmin(nlls))
+    finite = [i for i, nll in enumerate(nlls) if np.isfinite(nll)]  # a restart that diverged is not the best
+    best = min(finite, key=nlls.__getitem__) if finite else 0
+    _tensors.check_finite_result(
+        "fit_full_precision", "the training NLL", nlls[best], sigma=sigma, init_noise=init_noise
+    )
     log.debug("full-precision restarts: %s (kept %d)", nlls, best)
     return FullPrecisionFit(model=models[best].requires_grad_(False), nll=nlls[best], restart_nlls=tuple(nlls))
