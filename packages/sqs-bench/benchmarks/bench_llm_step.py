@@ -91,23 +91,28 @@ def _run_all(args: argparse.Namespace) -> None:
             )
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=["plain", "sqs", "all"], required=True)
     parser.add_argument("--rounds", type=int, default=1, help="with --mode all: rounds of the three runs")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=256, help="tokens per sequence")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps, the first a warm-up (at least 2)")
     parser.add_argument("--components", type=int, default=16)
     parser.add_argument("--compile-kernels", action="store_true")
     parser.add_argument("--data-dir", default=os.environ.get("SQS_DATA_DIR", "../shared/data"))
     parser.add_argument("--json", help="append the result to this file (JSON lines)")
     args = parser.parse_args()
-    if min(args.batch, args.length, args.steps, args.components - 1, args.rounds) < 1:
-        parser.error("--batch, --length, --steps and --rounds must be at least 1 and --components at least 2")
-    if args.mode == "all":
-        _run_all(args)
-        return
+    if min(args.batch, args.length, args.steps - 1, args.components - 1, args.rounds) < 1:
+        parser.error(
+            f"--batch ({args.batch}), --length ({args.length}) and --rounds ({args.rounds}) must be at least 1, "
+            f"--steps ({args.steps}) and --components ({args.components}) at least 2"
+        )
+    return args
+
+
+def _training(args: argparse.Namespace):
+    """The model, a function computing the step's loss, its optimizer and the prepare time (None for plain)."""
     import sqs_core as sqs
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -115,23 +120,25 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
     enc, labels = _batch(tokenizer, args.data_dir, args.batch, args.length)
-    prepare_s = None
-    if args.mode == "sqs":
-        start = time.perf_counter()
-        config = sqs.SQSConfig(num_components=args.components, windows="outlier", compile_kernels=args.compile_kernels)
-        sqs.prepare_(model, config)
-        prepare_s = time.perf_counter() - start
-        objective = sqs.Objective(model, num_data=10_000)
-        opt = torch.optim.AdamW(sqs.param_groups(model, gate_lr=1e-4))
+    if args.mode == "plain":
+        return model, lambda: model(**enc, labels=labels).loss, torch.optim.AdamW(model.parameters(), lr=1e-5), None
+    start = time.perf_counter()
+    config = sqs.SQSConfig(num_components=args.components, windows="outlier", compile_kernels=args.compile_kernels)
+    sqs.prepare_(model, config)
+    prepare_s = time.perf_counter() - start
+    objective = sqs.Objective(model, num_data=10_000)
+    opt = torch.optim.AdamW(sqs.param_groups(model, gate_lr=1e-4))
+    return model, lambda: objective(model(**enc, labels=labels).loss), opt, prepare_s
 
-        def loss_of():
-            return objective(model(**enc, labels=labels).loss)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
-        def loss_of():
-            return model(**enc, labels=labels).loss
+def main() -> None:
+    args = _arguments()
+    if args.mode == "all":
+        _run_all(args)
+        return
+    import sqs_core as sqs
 
+    model, loss_of, opt, prepare_s = _training(args)
     model.train()
     times = []
     for _ in range(args.steps):
