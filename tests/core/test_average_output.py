@@ -123,3 +123,21 @@ def test_probs_needs_real_scores_along_a_last_dimension(named):
     with pytest.raises(ValueError, match=rf'average="probs"\) .*{named}'):
         avg(x)
     assert torch.equal(model(x)["logits"], before)
+
+
+def test_probs_over_a_class_dimension_that_is_not_last():
+    """A segmentation model's (N, C, H, W) scores: output=lambda out: out.movedim(1, -1) averages the softmax over
+    C (docs/api-contract.md), the same as each draw's softmax(dim=1) averaged by hand."""
+    torch.manual_seed(0)
+    model = sqs.prepare_(nn.Sequential(nn.Conv2d(2, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 3, 1)), sqs.SQSConfig())
+    model.eval()
+    x = torch.randn(2, 2, 5, 4, generator=torch.Generator().manual_seed(1))
+    avg = sqs.BayesianAverage(
+        model, samples=3, generator=torch.Generator().manual_seed(2), average="probs", output=lambda o: o.movedim(1, -1)
+    )
+    by_hand = []
+    draws = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        one = sqs.BayesianAverage(model, samples=1, generator=draws)
+        by_hand.append(torch.softmax(one(x), dim=1))
+    torch.testing.assert_close(avg(x).movedim(-1, 1), torch.stack(by_hand).mean(0), rtol=1e-6, atol=1e-7)

@@ -128,11 +128,12 @@ def variational_(model: nn.Module) -> nn.Module:
 class BayesianAverage(nn.Module):
     """ŷ = (1/M) Σ_m f(x; θ̃^m) (eq. infer-bam) over M draws made once, at construction, from
     ``generator`` (so every batch sees the same M models). ``average="probs"`` averages softmax
-    probabilities instead of raw outputs. ``output`` takes the model's output to the tensor averaged, for
-    models whose output is not a tensor (``lambda out: out.logits`` for a transformers model, whose
-    output is a ``ModelOutput``; ``lambda out: out[0]`` for a tuple). A forward sets each draw's weights in
-    turn and then puts the model's layers back as they were (variational, or their fixed weights), so the
-    wrapped model can go on training or be evaluated on its own."""
+    probabilities over the last dimension instead of raw outputs (a class dimension elsewhere, as in a
+    segmentation model's (N, C, H, W): ``output=lambda out: out.movedim(1, -1)``). ``output`` takes the model's
+    output to the tensor averaged, for models whose output is not a tensor (``lambda out: out.logits`` for a
+    transformers model, whose output is a ``ModelOutput``; ``lambda out: out[0]`` for a tuple). A forward sets
+    each draw's weights in turn and then puts the model's layers back as they were (variational, or their fixed
+    weights), so the wrapped model can go on training or be evaluated on its own."""
 
     def __init__(
         self,
