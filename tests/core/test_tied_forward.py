@@ -122,3 +122,61 @@ def test_gpt2_style_tie_trains_and_round_trips(likelihood, tmp_path):
     assert plain.head.weight is plain.embed.weight
     with torch.no_grad():
         assert torch.equal(plain(tokens), model(tokens))
+
+
+class Checkpointed(nn.Module):
+    """TiedLM's forward under activation checkpointing (torch.utils.checkpoint), whose backward runs the forward
+    again: the whole forward (both layers of the tie inside), or the body and head only (the tie across the
+    boundary; the reentrant variant needs an input that requires grad)."""
+
+    def __init__(self, model, whole, use_reentrant):
+        super().__init__()
+        self.model, self.whole, self.use_reentrant = model, whole, use_reentrant
+
+    def forward(self, tokens):
+        if self.whole:
+            return torch.utils.checkpoint.checkpoint(self.model, tokens, use_reentrant=self.use_reentrant)
+        model = self.model
+        embedded = model.embed(tokens)
+        return torch.utils.checkpoint.checkpoint(
+            lambda h: model.head(torch.tanh(model.body(h))), embedded, use_reentrant=self.use_reentrant
+        )
+
+
+@pytest.mark.parametrize(("whole", "use_reentrant"), [(True, False), (False, False), (False, True)])
+@pytest.mark.parametrize("likelihood", ["plugin", "moment_matched"])
+def test_a_tie_under_activation_checkpointing_gets_the_gradients_without_it(whole, use_reentrant, likelihood):
+    """The recomputation inside the backward must not take the θ^avg the first forward left for the tie's other
+    layer (it did: torch's CheckpointError, fewer tensors saved the second time); two steps, the same gradients."""
+    tokens = torch.randint(0, 40, (4, 6), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    plain = sqs.prepare_(TiedLM().double(), sqs.SQSConfig(num_components=4, likelihood=likelihood))
+    checkpointed = Checkpointed(copy.deepcopy(plain), whole, use_reentrant)
+    got = []
+    for model in (plain, checkpointed):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.manual_seed(3)  # the moment-matched forward's noise: checkpoint restores the RNG for the recompute
+        for _ in range(2):
+            opt.zero_grad()
+            _loss(model, tokens).backward()
+            opt.step()
+        got.append({n.removeprefix("model."): g for n, g in _grads(model).items()})
+    assert got[0].keys() == got[1].keys()
+    for name, grad in got[0].items():
+        torch.testing.assert_close(got[1][name], grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_a_tie_outside_the_checkpointed_blocks_is_still_evaluated_once(monkeypatch):
+    """A language model's usual gradient checkpointing wraps its blocks, not the embedding and head: the tie's
+    θ^avg is still handed from one to the other (the body: once in the forward, once recomputed)."""
+    tokens = torch.randint(0, 40, (4, 6), generator=torch.Generator().manual_seed(1))
+    model = _model()
+
+    def forward(tokens):
+        hidden = torch.utils.checkpoint.checkpoint(model.body, model.embed(tokens), use_reentrant=False)
+        return model.head(torch.tanh(hidden))
+
+    monkeypatch.setattr(model, "forward", forward)
+    calls = _count_evaluations(monkeypatch)
+    _loss(model, tokens).backward()
+    assert len(calls) == 1 + 2

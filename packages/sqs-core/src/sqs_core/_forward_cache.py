@@ -19,7 +19,20 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SharedMoments", "tensor_key"]
+__all__ = ["SharedMoments", "sharing_is_safe", "tensor_key"]
+
+
+def sharing_is_safe() -> bool:
+    """Whether a training forward may hand its θ^avg to the tie's other layers: not inside a backward (activation
+    checkpointing's recomputation runs the forward there) nor under saved-tensor hooks (its first forward runs
+    under them; ``save_on_cpu`` too). A recomputation must save the tensors its first forward saved, so both
+    evaluate every layer, as untied layers do. False, the safe answer, where torch lacks either query."""
+    try:
+        in_backward = torch._C._current_graph_task_id() != -1
+        hooked = torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+    return not (in_backward or hooked)
 
 
 def tensor_key(tensors: Sequence[torch.Tensor]) -> tuple:

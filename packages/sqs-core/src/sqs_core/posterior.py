@@ -24,7 +24,7 @@ from torch import nn
 from ._autocast import without_autocast
 from ._checks import F32_STD_MIN, check_int
 from ._compiled import use_compiled
-from ._forward_cache import SharedMoments, log_other_tensors, pointers, tensor_key
+from ._forward_cache import SharedMoments, log_other_tensors, pointers, sharing_is_safe, tensor_key
 from ._gate_kl import gate_kl
 from ._mask_write import any_returning, sole_owner
 from ._posterior_init import initial_gate_logits, initial_mixtures
@@ -246,7 +246,7 @@ class SpikeGMMPosterior(nn.Module):
         on it also sums the gate KL in the same passes, for the next :meth:`kl` call."""
         self._check_precision()
         with_kl = torch.is_grad_enabled() and self.gate_logits.requires_grad
-        key = self._moments_key(second) if with_kl and self.sharers > 1 else None
+        key = self._moments_key(second) if with_kl and self.sharers > 1 and sharing_is_safe() else None
         if key is not None and (done := self._shared.lookup(key)) is not None:
             return done  # a tie's other layer in the same forward: one evaluation, one autograd node
         weights = (self.weight, self.gate_logits)
