@@ -1,8 +1,8 @@
-"""Random model × dtype × weights × config × precision × training loop (optimizer, gradient accumulation) runs:
-prepare → schedule → train → resume from a checkpoint → average → greedy → save → load → back to training →
-sample, with no NaN or inf anywhere, the resumed model computing what the trained one computes, the loaded model
-and the file's Bayesian average what the greedy model and the in-memory average compute (outputs or probabilities
-averaged), and two draws from one seed the same weights.
+"""Random model × dtype × weights × config × precision × training loop (optimizer, gradient accumulation,
+activation checkpointing) runs: prepare → schedule → train → resume from a checkpoint → average → greedy → save →
+load → back to training → sample, with no NaN or inf anywhere, the resumed model computing what the trained one
+computes, the loaded model and the file's Bayesian average what the greedy model and the in-memory average compute
+(outputs or probabilities averaged), and two draws from one seed the same weights.
 
 A hand-run version of this search (session 53, 650 random cases) found the float16 moment-matched NaN gradients
 that tests/core/test_noise_half.py pins down; every other failure it found was a plain model's own (torch's LSTM
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from toy_models import Conv1D
 
 KINDS = ["mlp", "conv", "embedding", "lstm", "gru", "rnn", "attention", "transposed", "transposed2d", "conv3d"]
@@ -178,7 +179,11 @@ configs = st.fixed_dictionaries(
     target=st.sampled_from([0.05, 0.5, 1.0, None]),  # None: what the pruning schedule left
     per_layer=st.booleans(),
     loop=st.fixed_dictionaries(
-        {"optimizer": st.sampled_from(sorted(OPTIMIZERS)), "micro_batches": st.sampled_from([1, 2])}
+        {
+            "optimizer": st.sampled_from(sorted(OPTIMIZERS)),
+            "micro_batches": st.sampled_from([1, 2]),
+            "checkpointed": st.booleans(),  # activation checkpointing: the backward runs the forward again
+        }
     ),
     average=st.sampled_from(["outputs", "probs"]),
     seed=st.integers(0, 2**16),
@@ -285,7 +290,7 @@ def _train(model, x, y, target, autocast, loop, steps=5):
         opt.zero_grad()
         for xb, yb in zip(x.chunk(parts), y.chunk(parts), strict=True):
             with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-                out = model(xb)
+                out = checkpoint(model, xb, use_reentrant=False) if loop["checkpointed"] else model(xb)
             (objective(F.cross_entropy(out.float(), yb)) / parts).backward()  # raises on a NaN / inf loss
         bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
         assert not bad, f"non-finite gradients at step {step}: {bad}"
