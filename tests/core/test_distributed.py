@@ -69,3 +69,47 @@ def test_ddp_training_matches_one_process_on_the_whole_batch(tmp_path):
             # the average of two half-batch gradients against one whole-batch gradient: float32 rounding only
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert all(torch.equal(a, b) for a, b in zip(ranks[0][0], ranks[1][0], strict=True))  # the ranks agree exactly
+
+
+SHARDED = r"sharded \(a torch\.distributed DTensor.*fully_shard.*DistributedDataParallel"
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A gloo process group of one rank in this process, for FSDP's fully_shard."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_sharded_posteriors_are_refused_by_name(one_rank_group, tmp_path):
+    """FSDP (fully_shard) leaves the posteriors' tensors as DTensors outside the forward: the schedule's ranking
+    failed on them with torch's "Cannot flatten unevenly sharded tensor" (two ranks), greedy_ / save with "mixed
+    torch.Tensor and DTensor". Every entry point that reads them names the layer and the way out instead."""
+    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    model = _model()
+    made_before = sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=4)
+    fsdp.fully_shard(model)
+    path = tmp_path / "model.sqs"
+    calls = {
+        "PruningSchedule made before": lambda: made_before.step(1),
+        "Objective": lambda: sqs.Objective(model, num_data=10),
+        "PruningSchedule": lambda: sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=4),
+        "greedy_": lambda: sqs.greedy_(model, nonzero=0.5),
+        "BayesianAverage": lambda: sqs.BayesianAverage(model, samples=2),
+        "save": lambda: sqs.save(model, path, nonzero=0.5),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match=rf"layer '0' holds .* {SHARDED}"):
+            call()
+        assert not path.exists(), what
+
+
+def test_a_sharded_plain_model_is_refused_by_prepare(one_rank_group):
+    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 5))
+    fsdp.fully_shard(model)
+    with pytest.raises(ValueError, match=rf"layer '0' has its weight {SHARDED}"):
+        sqs.prepare_(model, sqs.SQSConfig(num_components=4))
+    assert not sqs.sqs_layers(model)

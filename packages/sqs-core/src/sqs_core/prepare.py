@@ -247,6 +247,8 @@ def _check_weight(name: str, module: nn.Module, attr: str) -> None:
         raise ValueError(f"layer {name!r} is a lazy module whose weight is not initialised: run a forward pass first")
     if weight.is_meta:
         raise ValueError(f"layer {name!r} has its weight on the meta device (no values): load its weights first")
+    if is_sharded(weight):
+        raise ValueError(f"layer {name!r} has its weight {SHARDED_HINT}")
     if attr in module._buffers:
         raise ValueError(
             f"layer {name!r} ({type(module).__name__}) holds {attr!r} as a buffer, not a parameter: SQS compresses "
@@ -344,10 +346,32 @@ def _log_prepared(num_layers: int, posteriors: list[SpikeGMMPosterior]) -> None:
         )
 
 
+SHARDED_HINT = (
+    "sharded (a torch.distributed DTensor, as FSDP's fully_shard leaves it): sqs-core's objective, schedules, "
+    "inference and artifacts work on whole tensors; train with DistributedDataParallel (replicated parameters), "
+    "and load a full state dict into an unsharded model for inference and sqs_core.save"
+)
+
+
+def is_sharded(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a torch.distributed DTensor (found by class name: no import of torch.distributed)."""
+    return any(cls.__name__ == "DTensor" for cls in type(tensor).__mro__)
+
+
+def check_unsharded(model: nn.Module) -> None:
+    """A ValueError naming the first layer whose posterior holds a sharded tensor (FSDP)."""
+    for name, post in posteriors(model).items():
+        for attr, tensor in (*post.named_parameters(recurse=False), *post.named_buffers(recurse=False)):
+            if is_sharded(tensor):
+                raise ValueError(f"layer {name!r} holds its posterior's {attr} {SHARDED_HINT}")
+
+
 def prepared_config(model: nn.Module) -> SQSConfig:
-    """The config ``prepare_`` used; raises a clear error for a model that was not prepared."""
+    """The config ``prepare_`` used; raises a clear error for a model that was not prepared or whose posteriors
+    are sharded (FSDP)."""
     if not sqs_layers(model):
         raise ValueError("model was not prepared for SQS: call sqs_core.prepare_(model, config) first")
+    check_unsharded(model)
     config = getattr(model, _MARK, None)
     if config is not None:
         return config

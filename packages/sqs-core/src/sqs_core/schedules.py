@@ -25,7 +25,7 @@ from torch import nn
 from ._autocast import without_autocast
 from ._checks import check_finite_parameters, check_flag, check_int, check_real
 from ._compiled import use_compiled
-from .prepare import posteriors, prepared_config
+from .prepare import check_unsharded, posteriors, prepared_config
 from .selection import check_nonzero, keep_top_fraction_of_checked
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,7 @@ class PruningSchedule:
         final = step >= self.end
         if step % self.update_every != 0 and not (final and not math.isclose(nonzero, self.current_nonzero)):
             return self.current_nonzero
+        check_unsharded(self.model)  # FSDP after this schedule was made: torch's own error deep in the ranking
         posts = posteriors(self.model)
         if nonzero >= 1.0:
             for p in posts.values():
