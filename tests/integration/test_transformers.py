@@ -249,3 +249,24 @@ def test_wav2vec2_with_its_weight_normalised_positional_convolution(tmp_path):
     plain, _ = _round_trip(model, build(), tmp_path, "wav2vec2")
     with torch.no_grad():
         assert torch.equal(plain(audio).logits, model(audio).logits)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+@pytest.mark.parametrize("likelihood", ["plugin", "moment_matched"])
+def test_gpt2_with_gradient_checkpointing_gets_the_gradients_without_it(likelihood, use_reentrant):
+    """transformers' ``gradient_checkpointing_enable`` recomputes each block in the backward (dropout and the
+    moment-matched noise from the restored RNG): the same gradients, every parameter, as without it (float64)."""
+    model = _gpt2()[0].double()
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4, likelihood=likelihood))
+    checkpointed = copy.deepcopy(model)
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    ids = torch.randint(0, 101, (3, 12), generator=torch.Generator().manual_seed(1))
+    grads = []
+    for m in (model, checkpointed):
+        m.train()
+        torch.manual_seed(5)
+        sqs.Objective(m, num_data=100)(m(input_ids=ids, labels=ids).loss).backward()
+        grads.append({n: p.grad for n, p in m.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) == len(list(model.parameters()))
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-9, atol=1e-15, msg=name)
