@@ -54,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace results of the same runs already in --out (default: refuse before computing)",
     )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the results already in --out of runs configured as now (same tier and configuration) and "
+        "run only the others: continue an interrupted suite",
+    )
     run.add_argument("--recipe", action="append", help="only these recipes of the suite (repeatable)")
     run.add_argument("--method", action="append", choices=METHODS, help="only these methods (repeatable)")
     run.add_argument("--label", action="append", help="only the runs with these labels (repeatable)")
@@ -120,8 +126,11 @@ def _run(args: argparse.Namespace) -> int:
         on_result=_print_result,
         only=lambda config: _selected(args, config),
         overwrite=args.overwrite,
+        resume=args.resume,
     )
-    print(f"{len(results)} result(s) written to {args.out}")
+    resumed = sum(bool(result.get("resumed")) for result in results)
+    kept = f" ({resumed} kept from an earlier run)" if resumed else ""
+    print(f"{len(results) - resumed} result(s) written to {args.out}{kept}")
     return 0
 
 

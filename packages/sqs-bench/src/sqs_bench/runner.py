@@ -29,6 +29,7 @@ from sqs_bench.data import CIFAR10_URL, FULL_SIZES, CifarSplits, DataNotFoundErr
 from sqs_bench.models import load_model, require_timm
 from sqs_bench.preflight import budget_of, check_run_values
 from sqs_bench.results import OutputFolderError, out_dir_path, prepare_out_dir, write_atomic
+from sqs_bench.resume import recorded_config, split_done
 from sqs_bench.stats import accuracy, paired_bootstrap_drop_ci
 from sqs_bench.train import predict
 
@@ -295,7 +296,7 @@ def run_config(
         "record": record,
         "paper": config["paper"],
         "report": config["report"],
-        "config": {k: v for k, v in config.items() if k not in ("paper", "report", "meta")},
+        "config": recorded_config(config),
     }
     predictions = {
         "labels": data.test_y.tolist(),
@@ -325,21 +326,30 @@ def run_suite(
     on_result: Callable[[dict], None] | None = None,
     only: Callable[[dict], bool] | None = None,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> list[dict]:
-    """Run every configuration of ``suite`` × ``tier`` (optionally filtered by ``only``).
+    """Run every configuration of ``suite`` × ``tier`` (optionally filtered by ``only``); returns the results
+    in suite order, those ``resume`` kept marked ``"resumed": True``.
 
-    Before any compute: existing outputs of these runs are refused unless ``overwrite``, every run's method,
+    Before any compute: existing outputs of these runs are refused unless ``overwrite`` (or, with ``resume``,
+    kept where they are this tier's and configuration's: :mod:`sqs_bench.resume`), every run's method,
     model library and data are checked, and only then is the output folder created and write-tested (a
     run refused for missing data leaves no empty folder behind)."""
+    if overwrite and resume:
+        raise ValueError("--overwrite and --resume exclude each other (replace every result, or keep them)")
     configs = [c for c in suite_configs(suite, tier) if only is None or only(c)]
-    check_outputs(configs, out_dir_path(out_dir), overwrite=overwrite)
+    kept: list[dict] = []
+    if resume:
+        kept, todo = split_done(configs, out_dir_path(out_dir), schema=SCHEMA_VERSION)
+    else:
+        todo = configs
+        check_outputs(configs, out_dir_path(out_dir), overwrite=overwrite)
     cache: dict = {}
-    check_requirements(configs, data_dir, cache)
+    check_requirements(todo, data_dir, cache)
     out = prepare_out_dir(out_dir)
-    results = []
-    for config in configs:
-        result = run_config(config, data_dir, out, cache, overwrite=overwrite)
-        results.append(result)
+    done = {result["run_id"]: result | {"resumed": True} for result in kept}
+    for config in todo:  # with resume, outputs left here are an interrupted run's artifact: replaced
+        done[config["run_id"]] = run_config(config, data_dir, out, cache, overwrite=overwrite or resume)
         if on_result is not None:
-            on_result(result)
-    return results
+            on_result(done[config["run_id"]])
+    return [done[config["run_id"]] for config in configs]
