@@ -223,3 +223,33 @@ def test_directory_target_names_the_users_path(saved, tmp_path):
         sqs.save(model, tmp_path / "no" / "m.sqs", nonzero=0.5)
     assert missing.value.filename == str(tmp_path / "no" / "m.sqs")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"] and not any(folder.iterdir())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_a_skeleton_of_another_dtype_is_told_how_to_load(saved, dtype):
+    """The file holds the dtypes the model was saved in; a half skeleton is refused (nothing written), and the
+    message says to load into the saved dtype and convert after."""
+    _, path = saved
+    skeleton = mlp(1).to(dtype)
+    before = _state(skeleton)
+    for load in (sqs.load, sqs.load_bayesian_average):
+        with pytest.raises(ValueError, match=r"\(torch\.float32\) in the file.*then convert it: .*\.to\(torch\.\w+\)"):
+            load(path, skeleton)
+        assert all(torch.equal(v, before[k]) for k, v in skeleton.state_dict().items())
+    converted = sqs.load(path, mlp(1)).to(dtype)  # what the message says works
+    assert all(p.dtype == dtype for p in converted.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_a_loaded_average_converted_after_loading_still_averages(saved, dtype):
+    """load_bayesian_average's draws are set into the skeleton's parameters as they are at each forward: a model
+    converted after loading (avg.to(dtype), as the dtype message advises) averaged its greedy weights before, the
+    draws written into the tensors the conversion had replaced."""
+    _, path = saved
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(3))
+    want = sqs.load_bayesian_average(path, mlp(1), samples=3, generator=torch.Generator().manual_seed(0)).eval()(x)
+    greedy = sqs.load(path, mlp(1))(x)
+    assert not torch.allclose(want, greedy, atol=1e-3)  # the draws differ from the greedy weights
+    avg = sqs.load_bayesian_average(path, mlp(1), samples=3, generator=torch.Generator().manual_seed(0)).eval()
+    got = avg.to(dtype)(x.to(dtype)).float()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6 if dtype == torch.float64 else 5e-2)

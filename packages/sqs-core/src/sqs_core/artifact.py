@@ -181,7 +181,14 @@ def _check_state(art: Artifact, skeleton: nn.Module) -> dict[str, torch.Tensor]:
         if shape != tuple(expected[key].shape) or dtype != expected[key].dtype
     ]
     if wrong:
-        raise ValueError(f"{art.path} does not match the skeleton: " + "; ".join(wrong))
+        hint = ""
+        if all(shape == tuple(expected[key].shape) for key, (shape, _) in kinds.items()):  # the dtypes alone
+            dtype = next(expected[key].dtype for key, (_, d) in kinds.items() if d != expected[key].dtype)
+            hint = (
+                f". The file holds the dtypes the model was saved in: load into a skeleton of those, then convert "
+                f"it: sqs_core.load(path, skeleton).to({dtype})"
+            )
+        raise ValueError(f"{art.path} does not match the skeleton: " + "; ".join(wrong) + hint)
     return {key: value.detach() for key, value in expected.items()}
 
 
@@ -272,9 +279,9 @@ def load_bayesian_average(
     check_arguments(samples, generator, average, output)
     art = read_artifact(path)
     _check_alternatives(art)
-    params = _check_state(art, skeleton)
+    _check_state(art, skeleton)
     dists = art.posteriors()
-    setters = {record_name(rec): _setter([params[key] for key in weight_keys(rec)]) for rec in art.records}
+    setters = {record_name(rec): _setter(skeleton, weight_keys(rec)) for rec in art.records}
     bam = BayesianAverage.from_parts(
         skeleton, dists, setters, samples=samples, generator=generator, average=average, output=output
     )
@@ -282,10 +289,14 @@ def load_bayesian_average(
     return bam
 
 
-def _setter(targets: list[torch.Tensor]) -> Callable[[torch.Tensor], None]:
+def _setter(skeleton: nn.Module, keys: list[str]) -> Callable[[torch.Tensor], None]:
+    """Copies a weight into the skeleton's tensors ``keys`` as they are at the call: a skeleton converted after
+    loading (``.to(dtype)``, ``.to(device)``) holds new tensors, and the draws must reach those."""
+
     def setter(weight: torch.Tensor) -> None:
         with torch.no_grad():
-            for t in targets:
-                t.copy_(weight)
+            for key in keys:
+                module, _, name = key.rpartition(".")
+                getattr(skeleton.get_submodule(module), name).copy_(weight)
 
     return setter
