@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -281,7 +282,7 @@ def load_bayesian_average(
     _check_alternatives(art)
     _check_state(art, skeleton)
     dists = art.posteriors()
-    setters = {record_name(rec): _setter(skeleton, weight_keys(rec)) for rec in art.records}
+    setters = {record_name(rec): TensorSetter(tuple(weight_keys(rec))) for rec in art.records}
     bam = BayesianAverage.from_parts(
         skeleton, dists, setters, samples=samples, generator=generator, average=average, output=output
     )
@@ -289,14 +290,16 @@ def load_bayesian_average(
     return bam
 
 
-def _setter(skeleton: nn.Module, keys: list[str]) -> Callable[[torch.Tensor], None]:
-    """Copies a weight into the skeleton's tensors ``keys`` as they are at the call: a skeleton converted after
-    loading (``.to(dtype)``, ``.to(device)``) holds new tensors, and the draws must reach those."""
+@dataclass(frozen=True)
+class TensorSetter:
+    """Copies a weight into the tensors ``keys`` of the skeleton it is given, as they are at the call: a skeleton
+    converted after loading (``.to(dtype)``, ``.to(device)``) holds new tensors, and a copy of the
+    BayesianAverage (deepcopy, torch.save) its own skeleton; the draws must reach those."""
 
-    def setter(weight: torch.Tensor) -> None:
+    keys: tuple[str, ...]
+
+    def __call__(self, skeleton: nn.Module, weight: torch.Tensor) -> None:
         with torch.no_grad():
-            for key in keys:
+            for key in self.keys:
                 module, _, name = key.rpartition(".")
                 getattr(skeleton.get_submodule(module), name).copy_(weight)
-
-    return setter

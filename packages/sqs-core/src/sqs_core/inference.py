@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ._checks import check_finite_parameters, check_flag, check_generator, check_int
 from .discrete import DiscretePosterior
+from .layers import SQSLayer
 from .posterior import SpikeGMMPosterior
 from .prepare import posteriors, prepared_config, sqs_layers
 from .selection import keep_top_fraction
@@ -77,28 +79,33 @@ def discrete_posteriors(
     return out
 
 
-def _setters(model: nn.Module) -> dict[str, Callable[[torch.Tensor], None]]:
-    """For each posterior (by name), a function that fixes the weight of every layer sharing it."""
+@dataclass(frozen=True)
+class LayerSetter:
+    """Fixes the weight of the SQS layers ``names`` (the layers sharing one posterior) of the model it is given:
+    names, not the layers themselves, so that a copy of a BayesianAverage (deepcopy, torch.save) sets its own
+    model's layers."""
+
+    names: tuple[str, ...]
+
+    def __call__(self, model: nn.Module, weight: torch.Tensor) -> None:
+        for name in self.names:
+            cast(SQSLayer, model.get_submodule(name)).set_fixed_weight(weight)
+
+
+def _setters(model: nn.Module) -> dict[str, LayerSetter]:
+    """For each posterior (by name), the setter of every layer sharing it."""
     names = {id(p): name for name, p in posteriors(model).items()}
-    groups: dict[str, list] = {}
-    for layer in sqs_layers(model).values():
-        groups.setdefault(names[id(layer.posterior)], []).append(layer)
-
-    def make(layers):
-        def setter(weight: torch.Tensor) -> None:
-            for layer in layers:
-                layer.set_fixed_weight(weight)
-
-        return setter
-
-    return {name: make(layers) for name, layers in groups.items()}
+    groups: dict[str, list[str]] = {}
+    for layer_name, layer in sqs_layers(model).items():
+        groups.setdefault(names[id(layer.posterior)], []).append(layer_name)
+    return {name: LayerSetter(tuple(layers)) for name, layers in groups.items()}
 
 
 def greedy_(model: nn.Module, *, nonzero: float | None = None, per_layer: bool = False) -> nn.Module:
     """Fix every SQS layer to its greedy sparse quantized weight μ_{k*} (eq. greedy); returns model."""
     setters = _setters(model)
     for name, d in discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer, alternatives=False).items():
-        setters[name](d.weights())
+        setters[name](model, d.weights())
     return model
 
 
@@ -113,7 +120,7 @@ def sample_(
     check_generator("generator", generator)
     setters = _setters(model)
     for name, d in discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer).items():
-        setters[name](d.weights(d.draw(generator)))
+        setters[name](model, d.weights(d.draw(generator)))
     return model
 
 
@@ -150,7 +157,7 @@ class BayesianAverage(nn.Module):
         check_arguments(samples, generator, average, output)
         dists = discrete_posteriors(model, nonzero=nonzero, per_layer=per_layer)
         self._init(model, dists, _setters(model), samples, generator, average, output)
-        self._snapshot = partial(_layer_modes, model)
+        self._snapshot: Callable[[nn.Module], Callable[[], None]] = _layer_modes
 
     def _init(self, model, dists, setters, samples, generator, average, output) -> None:
         self.model = model
@@ -181,11 +188,11 @@ class BayesianAverage(nn.Module):
                 len(self.draws),
             )
         total = None
-        restore = self._snapshot()
+        restore = self._snapshot(self.model)
         try:
             for levels in self.draws:
                 for name, d in self._dists.items():
-                    self._setters[name](d.weights(levels[name]))
+                    self._setters[name](self.model, d.weights(levels[name]))
                 out = self._averaged_part(self.model(*args, **kwargs))
                 if self.average == "probs":
                     out = torch.softmax(out, dim=-1)
@@ -242,11 +249,11 @@ def _layer_modes(model: nn.Module) -> Callable[[], None]:
     return restore
 
 
-def _greedy_restorer(dists, setters) -> Callable[[], None]:
-    """A function that sets the greedy weights again (a skeleton loaded by load_bayesian_average)."""
+def _greedy_restorer(dists, setters, model: nn.Module) -> Callable[[], None]:
+    """A function that sets the greedy weights of ``model`` again (a skeleton loaded by load_bayesian_average)."""
 
     def restore() -> None:
         for name, d in dists.items():
-            setters[name](d.weights())
+            setters[name](model, d.weights())
 
     return restore
