@@ -211,10 +211,10 @@ class BayesianAverage(nn.Module):
             hint = "" if self.output is not None else "; pass output= to pick it (e.g. lambda out: out.logits)"
             raise ValueError(f"BayesianAverage averages a floating-point tensor, but {what} is {_describe(part)}{hint}")
         if self.average == "probs" and (part.dim() == 0 or part.is_complex()):
-            shape = "a 0-d " if part.dim() == 0 else "a "
+            kind = "a 0-d" if part.dim() == 0 else "a"
             raise ValueError(
                 'BayesianAverage(average="probs") takes a softmax over the last dimension of real scores, but '
-                f'{what} is {shape}{_describe(part)[2:]}; average the outputs instead (average="outputs")'
+                f'{what} is {kind} {part.dtype} tensor; average the outputs instead (average="outputs")'
             )
         return part
 
