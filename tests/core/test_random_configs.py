@@ -11,6 +11,7 @@ without a ceiling (σ = inf after too large a step) and overrides of one side of
 (tests/core/test_misuse.py).
 """
 
+import copy
 import re
 
 import pytest
@@ -223,10 +224,12 @@ def _check_inference(model, x, case, target, per_layer, tmp_path_factory):
     """Average, greedy, save, report, load, the file's average: finite, and the files computing what the model does."""
     kind, dtype, how = case
     generator = torch.Generator().manual_seed(5)
-    average = sqs.BayesianAverage(
+    averaging = sqs.BayesianAverage(
         model, samples=2, nonzero=target, per_layer=per_layer, generator=generator, average=how
-    )(x)
+    )
+    average = averaging(x)
     assert torch.isfinite(average).all()
+    assert torch.equal(copy.deepcopy(averaging)(x), average)  # a copy averages its own model as the original
     if how == "probs":
         tolerance = 1e-5 if dtype in (torch.float32, torch.float64) else 5e-2
         torch.testing.assert_close(average.float().sum(-1), torch.ones(len(x)), rtol=0, atol=tolerance)
