@@ -133,3 +133,18 @@ def test_rates_are_never_nan_over_the_whole_float_range(n, s, L, N, p, delta):
     if math.isfinite(literal) and s / n > 1e-300:  # to rounding of its terms (they may cancel)
         scale = s / n * ((L + 1) * math.log(N) + math.log(p) + 0.5 * abs(math.log(n) - math.log(s)))
         assert rate == pytest.approx(literal, rel=1e-9, abs=1e-12 * scale)
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        ((0, 1.5, 6), "p"),  # 1.28: a bracket of a network without inputs
+        ((-3, 1.5, 6), "p"),  # -1.86, a negative bracket whose log is NaN
+        ((2.5, 1.5, 6), "p"),
+        ((2, math.inf, 6), "B"),  # 9.0, as if B·N were infinite
+        ((2, 1.5, 0.5), "N"),  # named as B·N <= 1 before
+    ],
+)
+def test_sigma_n_bracket_refuses_what_its_proof_does_not_define(args, name):
+    with pytest.raises(ValueError, match=rf"^{name} must be .* \(in sigma_n_bracket\)$"):
+        sigma_n_bracket(*args, True)

@@ -145,8 +145,10 @@ def check_bn_above_one(B: float, N: int) -> None:
         raise ValueError(f"B·N must be > 1 (the proof's 1/(BN - 1)), got B={B!r}, N={N!r}")
 
 
+@check.arguments(p="count", B="positive", N="count")
 def sigma_n_bracket(p: int, B: float, N: int, squared: bool) -> float:
-    """``{(p+1+1/(BN-1))^(1 or 2) + 1/((2BN)^2-1) + 2/(2BN-1)^2}`` of sigma_n^2 and its bound (B·N > 1)."""
+    """``{(p+1+1/(BN-1))^(1 or 2) + 1/((2BN)^2-1) + 2/(2BN-1)^2}`` of sigma_n^2 and its bound: p, N >= 1 integers,
+    B > 0 finite, B·N > 1."""
     check_bn_above_one(B, N)
     first = p + 1 + 1 / (B * N - 1)
     return (first**2 if squared else first) + 1 / ((2 * B * N) ** 2 - 1) + 2 / (2 * B * N - 1) ** 2
