@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import sqs_core as sqs
 from sqs_bench.__main__ import main
 
 UNIFORM = "table1_resnet20__resnet20__uniform"
@@ -68,3 +69,17 @@ def test_resume_and_overwrite_exclude_each_other(fake_data_dir, interrupted, cap
     assert _run(fake_data_dir, interrupted, *BOTH, "--resume", "--overwrite") == 2
     assert "exclude each other" in capsys.readouterr().err
     assert not (interrupted / f"{KMEANS}.json").exists()
+
+
+def test_resume_replaces_the_artifact_an_interrupted_run_left(fake_data_dir, tmp_path, capsys):
+    """An SQS run stopped after writing its artifact and before its result: without --resume the artifact is
+    refused as an existing output, with it the run is run again and the artifact replaced."""
+    out = tmp_path / "runs"
+    artifact = out / "artifacts" / "table1_resnet20__resnet20__sqs.sqs"
+    artifact.parent.mkdir(parents=True)
+    artifact.write_bytes(b"half a file")
+    assert _run(fake_data_dir, out, "--method", "sqs") == 2
+    assert "--overwrite" in capsys.readouterr().err and artifact.read_bytes() == b"half a file"
+    assert _run(fake_data_dir, out, "--method", "sqs", "--resume") == 0
+    assert sqs.compression_report(artifact).compressed_weights > 0  # a whole artifact now
+    assert json.loads((out / "table1_resnet20__resnet20__sqs.json").read_text())["metrics"]["nonzero"] == 0.5
