@@ -180,3 +180,18 @@ def test_a_tie_outside_the_checkpointed_blocks_is_still_evaluated_once(monkeypat
     calls = _count_evaluations(monkeypatch)
     _loss(model, tokens).backward()
     assert len(calls) == 1 + 2
+
+
+def test_without_torchs_queries_the_tie_is_evaluated_per_layer(monkeypatch):
+    """Where torch lacks the graph-task query (a private API), sharing is off: each layer of the tie evaluates
+    the posterior, with the gradients of the shared evaluation."""
+    tokens = torch.randint(0, 40, (4, 6), generator=torch.Generator().manual_seed(1))
+    shared, unshared = _model().double(), _model().double()
+    _loss(shared, tokens).backward()
+    monkeypatch.delattr(torch._C, "_current_graph_task_id")
+    calls = _count_evaluations(monkeypatch)
+    _loss(unshared, tokens).backward()
+    assert len(calls) == 3  # the tie twice, the body once
+    ours, theirs = _grads(unshared), _grads(shared)
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-9, atol=1e-12)
