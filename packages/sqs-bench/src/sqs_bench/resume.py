@@ -33,10 +33,10 @@ def _mismatch(saved: Any, config: dict, schema: int) -> str | None:
     if saved.get("tier") != config["tier"]:
         return f"tier {saved.get('tier')!r}, this run's is {config['tier']!r}"
     want = json.loads(json.dumps(recorded_config(config)))  # tuples as lists, as the file holds them
-    if saved.get("config") != want:
-        keys = sorted(
-            k for k in set(want) | set(saved.get("config") or {}) if (saved.get("config") or {}).get(k) != want.get(k)
-        )
+    got = saved.get("config")
+    if got != want:
+        got = got if isinstance(got, dict) else {}
+        keys = sorted(k for k in set(want) | set(got) if got.get(k) != want.get(k))
         return f"another configuration (differs in {', '.join(keys)})"
     return None
 

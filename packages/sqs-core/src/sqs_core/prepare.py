@@ -358,9 +358,10 @@ def is_sharded(tensor: torch.Tensor) -> bool:
     return any(cls.__name__ == "DTensor" for cls in type(tensor).__mro__)
 
 
-def check_unsharded(model: nn.Module) -> None:
-    """A ValueError naming the first layer whose posterior holds a sharded tensor (FSDP)."""
-    for name, post in posteriors(model).items():
+def check_unsharded(found: dict[str, SpikeGMMPosterior]) -> None:
+    """A ValueError naming the first layer whose posterior (of ``found``, as :func:`posteriors` gives them) holds a
+    sharded tensor (FSDP)."""
+    for name, post in found.items():
         for attr, tensor in (*post.named_parameters(recurse=False), *post.named_buffers(recurse=False)):
             if is_sharded(tensor):
                 raise ValueError(f"layer {name!r} holds its posterior's {attr} {SHARDED_HINT}")
@@ -371,7 +372,7 @@ def prepared_config(model: nn.Module) -> SQSConfig:
     are sharded (FSDP)."""
     if not sqs_layers(model):
         raise ValueError("model was not prepared for SQS: call sqs_core.prepare_(model, config) first")
-    check_unsharded(model)
+    check_unsharded(posteriors(model))
     config = getattr(model, _MARK, None)
     if config is not None:
         return config

@@ -108,8 +108,8 @@ class PruningSchedule:
         final = step >= self.end
         if step % self.update_every != 0 and not (final and not math.isclose(nonzero, self.current_nonzero)):
             return self.current_nonzero
-        check_unsharded(self.model)  # FSDP after this schedule was made: torch's own error deep in the ranking
         posts = posteriors(self.model)
+        check_unsharded(posts)  # FSDP after this schedule was made: torch's own error deep in the ranking
         if nonzero >= 1.0:
             for p in posts.values():
                 p.set_mask_(True)

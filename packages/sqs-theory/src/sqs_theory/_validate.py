@@ -27,6 +27,7 @@ __all__ = [
     "probability_array",
     "real",
     "seed",
+    "weight_pair",
     "within",
 ]
 
@@ -111,6 +112,17 @@ def _first(arr: np.ndarray, bad: np.ndarray) -> str:
     index = tuple(int(i) for i in np.argwhere(bad)[0])
     value = arr[index].item()
     return f"{value!r} at index {index[0] if len(index) == 1 else index}" if index else repr(value)
+
+
+def weight_pair(w1: Any, w2: Any, names: tuple[str, str] = ("w1", "w2")) -> tuple[np.ndarray, np.ndarray]:
+    """A ``p -> width -> 1`` network's weights as float arrays: finite, w1 a non-empty (width, p) matrix and w2
+    (1, width)."""
+    w1, w2 = finite_array(names[0], w1), finite_array(names[1], w2)
+    if w1.ndim != 2 or w1.size == 0:
+        raise ValueError(f"{names[0]} must be a non-empty (width, p) matrix, got shape {w1.shape}")
+    if w2.shape != (1, w1.shape[0]):
+        raise ValueError(f"{names[1]} must have shape (1, width) = {(1, w1.shape[0])}, got {w2.shape}")
+    return w1, w2
 
 
 def fraction(name: str, value: Any) -> Any:

@@ -21,14 +21,10 @@ def _networks(t1, t2, s1, s2, *, names: tuple[str, str, str, str]) -> tuple[np.n
     """Teacher (t1, t2) and student (s1, s2) as float arrays: finite, t1 and s1 (width, p) of one shape with
     width, p >= 1, t2 and s2 (1, width). (A student with fewer units was matched to some of the teacher's, a w2
     of another width indexed out of range.)"""
-    t1, t2, s1, s2 = (check.finite_array(name, a) for name, a in zip(names, (t1, t2, s1, s2), strict=True))
-    if t1.ndim != 2 or t1.size == 0:
-        raise ValueError(f"{names[0]} must be a non-empty (width, p) matrix, got shape {t1.shape}")
+    t1, t2 = check.weight_pair(t1, t2, names[:2])
+    s1, s2 = check.weight_pair(s1, s2, names[2:])
     if s1.shape != t1.shape:
         raise ValueError(f"{names[2]} must have the shape of {names[0]}, {t1.shape}, got {s1.shape}")
-    for name, w2 in ((names[1], t2), (names[3], s2)):
-        if w2.shape != (1, t1.shape[0]):
-            raise ValueError(f"{name} must have shape (1, width) = {(1, t1.shape[0])}, got {w2.shape}")
     return t1, t2, s1, s2
 
 

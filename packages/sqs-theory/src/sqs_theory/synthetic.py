@@ -58,11 +58,7 @@ def _mlp(p: int, width: int) -> nn.Sequential:
 
 def _weight_matrices(w1, w2) -> tuple[np.ndarray, np.ndarray]:
     """w1 (width, p) and w2 (1, width), finite and within float32's range, width and p >= 1."""
-    w1, w2 = check.finite_array("w1", w1), check.finite_array("w2", w2)
-    if w1.ndim != 2 or w1.size == 0:
-        raise ValueError(f"w1 must be a non-empty (width, p) matrix, got shape {w1.shape}")
-    if w2.shape != (1, w1.shape[0]):
-        raise ValueError(f"w2 must have shape (1, width) = {(1, w1.shape[0])}, got {w2.shape}")
+    w1, w2 = check.weight_pair(w1, w2)
     for name, w in (("w1", w1), ("w2", w2)):
         if np.abs(w).max() > np.finfo(np.float32).max:
             raise ValueError(f"{name} must be within float32's range, got {float(np.abs(w).max())!r}")
