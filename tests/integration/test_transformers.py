@@ -103,6 +103,11 @@ def test_gpt2_real_conv1d_layers_and_tied_head_round_trip(tmp_path):
     assert plain.lm_head.weight is plain.transformer.wte.weight  # the tie survives the round trip
     with torch.no_grad():
         assert torch.equal(plain(tokens).logits, model(tokens).logits)
+        prompt = dict(input_ids=tokens[:, :6], attention_mask=torch.ones(4, 6, dtype=torch.long))
+        generated = model.generate(**prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
+        assert generated.shape == (4, 11) and torch.equal(
+            plain.generate(**prompt, max_new_tokens=5, do_sample=False, pad_token_id=0), generated
+        )
         for name in conv_names:
             weight, windows = plain.get_submodule(name).weight, layers[name].posterior.num_windows
             assert len(torch.unique(weight[weight != 0])) <= 4 * windows  # 2 bits: K = 4 levels per window

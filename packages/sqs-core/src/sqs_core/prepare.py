@@ -10,14 +10,15 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
 from ._checks import all_finite, check_flag
-from .config import OVERRIDABLE, SQSConfig
+from ._ties import check_tied_settings, check_ties, declare_tie_aliases, tensors_to_compress
+from .config import SQSConfig
 from .layers import SQSLayer, adapter_for, compressed_names, own_forward, parameter_adapter
 from .posterior import SpikeGMMPosterior
 
@@ -153,16 +154,17 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     chosen, refs = _select(model, config)
     for name, module, _ in chosen:
         _check_weights(name, module)
-    _check_ties(model, chosen)
-    _check_tied_settings(chosen)
+    check_ties(model, chosen)
+    check_tied_settings(chosen)
     wrappers, created, shared = _wrap(chosen, torch.Generator().manual_seed(config.seed))
-    frozen = [name for name, module, _ in chosen if not all(w.requires_grad for w in _weights(module))]
+    frozen = [name for name, module, _ in chosen if not all(w.requires_grad for w in tensors_to_compress(module))]
     for module, wrapper in wrappers:  # mutate only once everything above succeeded
         for attr in compressed_names(module):
             del module._parameters[attr]
             module.register_parameter(attr, None)
         for parent, attr, _ in refs[id(module)]:
             parent._modules[attr] = wrapper
+    declare_tie_aliases(model)
     setattr(model, _MARK, config)
     _log_prepared(len(created), shared)
     _log_frozen(frozen)
@@ -220,11 +222,6 @@ def _log_frozen(names: list[str]) -> None:
             len(names),
             ", ".join(repr(n) for n in names),
         )
-
-
-def _weights(module: nn.Module) -> list[torch.Tensor]:
-    """The tensors SQS compresses in a chosen ``module`` (_select keeps only modules where they are tensors)."""
-    return [cast(torch.Tensor, getattr(module, attr)) for attr in compressed_names(module)]
 
 
 def _check_weights(name: str, module: nn.Module) -> None:
@@ -299,41 +296,6 @@ def _pin_padding_row(module: nn.Module, posterior: SpikeGMMPosterior) -> None:
     row = getattr(module, "padding_idx", None) if isinstance(module, nn.Embedding) else None
     if row is not None and not bool(posterior.weight[row].any()):
         posterior.pin_zero_rows_([row])
-
-
-def _check_ties(model: nn.Module, chosen) -> None:
-    """A ValueError where a weight to compress is also a parameter of a module left dense (an excluded or
-    skipped layer, or a bare use): prepare_ replaces it in the compressed layers only, which would untie it,
-    and the file would store the dense copy that a tied skeleton then loads over the compressed one."""
-    owners = {id(w): name for name, module, _ in chosen for w in _weights(module)}
-    compressed = {id(module) for _, module, _ in chosen}
-    for module_name, module in model.named_modules(remove_duplicate=False):
-        if id(module) in compressed:
-            continue
-        for param_name, param in module._parameters.items():
-            if param is not None and id(param) in owners:
-                where = f"{module_name}.{param_name}" if module_name else param_name
-                raise ValueError(
-                    f"the weight of layer {owners[id(param)]!r} is tied to {where!r}, which is not compressed: "
-                    "compress both (include both, no skip) or neither"
-                )
-
-
-def _check_tied_settings(chosen) -> None:
-    """A ValueError where the overrides give layers that share a weight (one posterior) different settings: the
-    posterior was built with the first layer's and the other's override was silently ignored."""
-    first: dict[int, tuple[str, Any]] = {}
-    for name, module, layer_config in chosen:
-        for weight in _weights(module):
-            other, other_config = first.setdefault(id(weight), (name, layer_config))
-            if other_config != layer_config:
-                keys = [k for k in OVERRIDABLE if k != "skip" and getattr(other_config, k) != getattr(layer_config, k)]
-                settings = ", ".join(f"{k} {getattr(other_config, k)!r} vs {getattr(layer_config, k)!r}" for k in keys)
-                raise ValueError(
-                    f"layers {other!r} and {name!r} share one weight (tied), so one posterior, but the overrides "
-                    f"give them different settings ({settings}): give both the same, e.g. one override pattern "
-                    f"matching both names"
-                )
 
 
 def _log_prepared(num_layers: int, posteriors: list[SpikeGMMPosterior]) -> None:

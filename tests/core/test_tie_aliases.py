@@ -1,0 +1,69 @@
+"""A prepared model's tied layers declare their shared posterior's second set of state keys as aliases
+(``_tied_weights_keys``, the convention Hugging Face's ``save_pretrained`` and so ``Trainer``'s checkpoints read):
+with the declared keys dropped, the state dict holds no aliased tensor (what safetensors refuses), and loading it
+back with ``strict=False`` restores the whole model, the tie included (tests/integration runs the real
+transformers code)."""
+
+import re
+
+import pytest
+import sqs_core as sqs
+import torch
+from test_tied_forward import TiedLM
+from toy_models import Tied
+
+_TIE = {TiedLM: "embed", Tied: "a"}  # a layer of the tie
+
+
+def _declared(model) -> list[str]:
+    """Every module's ``_tied_weights_keys`` patterns, prefixed with the module's name (as transformers does)."""
+    found = []
+    for name, module in model.named_modules():
+        for pattern in getattr(module, "_tied_weights_keys", None) or {}:
+            found.append(f"{name}.{pattern}" if name else pattern)
+    return found
+
+
+def _without_aliases(model) -> dict[str, torch.Tensor]:
+    patterns = _declared(model)
+    return {k: v for k, v in model.state_dict().items() if not any(re.search(p, k) for p in patterns)}
+
+
+def _trained(factory, seed=0):
+    torch.manual_seed(seed)
+    model = sqs.prepare_(factory(), sqs.SQSConfig(num_components=4))
+    with torch.no_grad():  # move every posterior tensor off its initial value, as training would
+        for post in sqs.posteriors(model).values():
+            for p in post.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+            post.mask[::3] = False
+    return model
+
+
+@pytest.mark.parametrize("factory", [TiedLM, Tied], ids=["embedding-head", "linear-linear"])
+def test_tied_layers_declare_their_aliases_and_the_state_without_them_restores_the_tie(factory):
+    model = _trained(factory)
+    layers = sqs.sqs_layers(model)
+    first, second = [name for name, layer in layers.items() if layer.posterior is layers[_TIE[factory]].posterior]
+    aliases = model.get_submodule(second)._tied_weights_keys
+    assert list(aliases.values()) == [f"{first}.posterior"]
+    assert not hasattr(model.get_submodule(first), "_tied_weights_keys")
+    state = _without_aliases(model)
+    dropped = set(model.state_dict()) - set(state)
+    assert dropped == {k for k in model.state_dict() if k.startswith(f"{second}.posterior.")}
+    storages = [v.untyped_storage().data_ptr() for v in state.values() if v.numel()]
+    assert len(set(storages)) == len(storages)  # what safetensors (no numpy here) would refuse: aliased tensors
+
+    fresh = _trained(factory, seed=1)
+    result = fresh.load_state_dict({k: v.clone() for k, v in state.items()}, strict=False)
+    assert set(result.missing_keys) == dropped and not result.unexpected_keys
+    assert fresh.get_submodule(first).posterior is fresh.get_submodule(second).posterior  # still one posterior
+    for key, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+    x = torch.randint(0, 40, (3, 5)) if factory is TiedLM else torch.randn(3, 12)
+    torch.testing.assert_close(fresh(x), model(x), rtol=0, atol=0)
+
+
+def test_untied_layers_declare_nothing():
+    model = sqs.prepare_(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)), sqs.SQSConfig())
+    assert _declared(model) == []

@@ -1,0 +1,102 @@
+"""A prepared Hugging Face model in transformers' own checkpointing: ``save_pretrained`` and ``Trainer``.
+
+A tied head shares its embedding's posterior, so the prepared model's state holds that posterior's tensors under
+two names; safetensors refuses aliased tensors unless the model declares them (``_tied_weights_keys``), which
+``prepare_`` does for each later layer of a tie (sqs_core._ties). These tests run transformers' real saving code
+and ``Trainer`` (with SQS's objective in ``compute_loss`` and the pruning schedule in a callback, the recipe of
+the README) through a checkpoint and a resume.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest
+import sqs_core as sqs
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the integration environment installs transformers")
+from safetensors.torch import load_file  # noqa: E402
+from test_transformers import _gpt2, _train  # noqa: E402
+
+STEPS = 6
+
+
+def _prepared_gpt2(seed: int):
+    model, config = _gpt2(seed)
+    return sqs.prepare_(model, sqs.SQSConfig(num_components=4)), config
+
+
+def test_save_pretrained_of_a_prepared_tied_gpt2_loads_back_whole(tmp_path):
+    model, config = _prepared_gpt2(0)
+    tokens = torch.randint(0, config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(1))
+    _train(model, 3, lambda m: m(tokens, labels=tokens).loss, num_data=1_000, nonzero=0.5)
+    model.save_pretrained(tmp_path)  # failed before: "contained shared tensors ... not properly defined"
+
+    fresh, _ = _prepared_gpt2(1)  # other weights: everything must come from the file
+    result = fresh.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=False)
+    assert result.missing_keys and all(k.startswith("lm_head.posterior.") for k in result.missing_keys)
+    assert not result.unexpected_keys
+    assert fresh.lm_head.posterior is fresh.transformer.wte.posterior
+    for key, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+    with torch.no_grad():
+        assert torch.equal(fresh(tokens).logits, model(tokens).logits)
+
+
+class _SQSTrainer(transformers.Trainer):
+    """Trainer with Ω_apx as the loss (compute_loss) and sqs.param_groups' learning rates (create_optimizer)."""
+
+    def __init__(self, *args, num_data: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sqs_objective = sqs.Objective(self.model, num_data=num_data)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(**inputs)
+        loss = self.sqs_objective(outputs.loss)
+        return (loss, outputs) if return_outputs else loss
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:
+            self.optimizer = torch.optim.AdamW(sqs.param_groups(self.model, gate_lr=1e-4))
+        return self.optimizer
+
+
+class _Pruning(transformers.TrainerCallback):
+    def __init__(self, schedule: sqs.PruningSchedule):
+        self.schedule = schedule
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.schedule.step(state.global_step)
+
+
+def _trainer(out, seed: int):
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (noxfile installs it)")
+    model, config = _prepared_gpt2(seed)
+    g = torch.Generator().manual_seed(2)
+    data = [{"input_ids": t, "labels": t} for t in torch.randint(0, config.vocab_size, (16, 12), generator=g)]
+    args = transformers.TrainingArguments(
+        output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=4, save_steps=STEPS // 2,
+        report_to=[], use_cpu=True, seed=3, disable_tqdm=True,
+    )  # fmt: skip
+    pruning = _Pruning(sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=STEPS))
+    return _SQSTrainer(model=model, args=args, train_dataset=data, callbacks=[pruning], num_data=len(data)), model
+
+
+def test_trainer_checkpoints_and_resumes_a_prepared_tied_gpt2(tmp_path):
+    trainer, model = _trainer(tmp_path, seed=0)
+    trainer.train()
+    checkpoint = tmp_path / f"checkpoint-{STEPS // 2}"
+    assert (checkpoint / "model.safetensors").is_file()
+
+    resumed_trainer, resumed = _trainer(tmp_path, seed=1)  # other initial weights: the checkpoint must hold all
+    resumed_trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.lm_head.posterior is resumed.transformer.wte.posterior
+    for key, value in model.state_dict().items():
+        assert torch.equal(resumed.state_dict()[key], value), key
+    masks = [post.mask for post in sqs.posteriors(model).values()]
+    kept = sum(int(mask.sum()) for mask in masks) / sum(mask.numel() for mask in masks)
+    assert kept == pytest.approx(0.5, abs=0.01)  # the schedule ran to its target
