@@ -27,6 +27,9 @@ STEPS = 6
 
 def _prepared_gpt2(seed: int):
     model, config = _gpt2(seed)
+    for module in model.modules():  # Trainer trains in train mode: no dropout, so that runs can be compared
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
     return sqs.prepare_(model, sqs.SQSConfig(num_components=4)), config
 
 
@@ -48,11 +51,19 @@ def test_save_pretrained_of_a_prepared_tied_gpt2_loads_back_whole(tmp_path):
 
 
 class _SQSTrainer(transformers.Trainer):
-    """Trainer with Ω_apx as the loss (compute_loss) and sqs.param_groups' learning rates (create_optimizer)."""
+    """Trainer with Ω_apx as the loss (compute_loss) and sqs.param_groups' learning rates (create_optimizer).
 
-    def __init__(self, *args, num_data: int, **kwargs):
+    ``objective(nll)`` is a micro-batch's mean NLL + β·KL/n: ``loss_is_scaled_for_ga = False`` has the Trainer
+    divide it by the gradient-accumulation steps (the KL then counted once a step). Left at transformers' default,
+    a model that takes loss kwargs (GPT-2 does) has its loss taken as scaled already: the loss of every step
+    would count ``gradient_accumulation_steps`` times."""
+
+    loss_is_scaled_for_ga = False
+
+    def __init__(self, *args, num_data: int, sgd: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.sqs_objective = sqs.Objective(self.model, num_data=num_data)
+        self.sgd = sgd
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         outputs = model(**inputs)
@@ -60,7 +71,9 @@ class _SQSTrainer(transformers.Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def create_optimizer(self, model=None):
-        if self.optimizer is None:
+        if self.optimizer is None and self.sgd:  # plain SGD: its step follows the loss's scale, which Adam's does not
+            self.optimizer = torch.optim.SGD(sqs.param_groups(self.model, quant_lr=1e-4, gate_lr=1e-4, other_lr=1e-4))
+        elif self.optimizer is None:
             self.optimizer = torch.optim.AdamW(sqs.param_groups(self.model, gate_lr=1e-4))
         return self.optimizer
 
@@ -73,17 +86,20 @@ class _Pruning(transformers.TrainerCallback):
         self.schedule.step(state.global_step)
 
 
-def _trainer(out, seed: int):
+def _trainer(out, seed: int, batch: int = 4, accumulate: int = 1, sgd: bool = False):
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (noxfile installs it)")
     model, config = _prepared_gpt2(seed)
     g = torch.Generator().manual_seed(2)
     data = [{"input_ids": t, "labels": t} for t in torch.randint(0, config.vocab_size, (16, 12), generator=g)]
     args = transformers.TrainingArguments(
-        output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=4, save_steps=STEPS // 2,
+        output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=batch, save_steps=STEPS // 2,
+        gradient_accumulation_steps=accumulate, max_grad_norm=0.0 if sgd else 1.0,
         report_to=[], use_cpu=True, seed=3, disable_tqdm=True,
     )  # fmt: skip
     pruning = _Pruning(sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=STEPS))
-    return _SQSTrainer(model=model, args=args, train_dataset=data, callbacks=[pruning], num_data=len(data)), model
+    return _SQSTrainer(
+        model=model, args=args, train_dataset=data, callbacks=[pruning], num_data=len(data), sgd=sgd
+    ), model
 
 
 def test_trainer_checkpoints_and_resumes_a_prepared_tied_gpt2(tmp_path):
@@ -100,3 +116,22 @@ def test_trainer_checkpoints_and_resumes_a_prepared_tied_gpt2(tmp_path):
     masks = [post.mask for post in sqs.posteriors(model).values()]
     kept = sum(int(mask.sum()) for mask in masks) / sum(mask.numel() for mask in masks)
     assert kept == pytest.approx(0.5, abs=0.01)  # the schedule ran to its target
+
+
+def test_trainer_gradient_accumulation_matches_the_whole_batch(tmp_path):
+    whole_trainer, whole = _trainer(tmp_path / "whole", seed=0, sgd=True)
+    start = {key: value.clone() for key, value in whole.state_dict().items()}
+    whole_trainer.train()
+    split_trainer, split = _trainer(tmp_path / "split", seed=0, batch=2, accumulate=2, sgd=True)
+    split_trainer.train()
+    moved = 0
+    for key, value in whole.state_dict().items():  # the same samples a step, summed in two halves: rounding only
+        got = split.state_dict()[key]
+        if not value.is_floating_point():  # masks
+            assert torch.equal(got, value), key
+            continue
+        step = (value - start[key]).abs().max()
+        # without loss_is_scaled_for_ga = False each step's loss counts twice: off by about the whole step
+        assert (got - value).abs().max() <= 1e-3 * step + 1e-12, key
+        moved += int(step > 0)
+    assert moved > 20
