@@ -59,3 +59,27 @@ def test_a_file_saved_from_the_compile_wrapper_loads_into_a_plain_skeleton_and_b
     x = torch.randn(4, 8)
     assert torch.equal(skeleton(x), model(x)) and torch.equal(plain(x), model(x))
     assert average(x).shape == (4, 3)
+
+
+def _conv_net():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 5))
+    return sqs.prepare_(model, sqs.SQSConfig(num_components=4)).eval()
+
+
+@pytest.mark.parametrize("how", ["export", "export-strict", "jit-trace"])
+def test_export_and_trace_take_fixed_weights_and_refuse_the_variational_mode_by_name(how):
+    """A greedy model exports / traces as an ordinary network; the variational one is refused with the way out
+    (torch.export failed on a data-dependent guard, jit.trace on an internal assert of torch's)."""
+    model, x = _conv_net(), torch.randn(2, 3, 8, 8)
+
+    def run(m):
+        if how == "jit-trace":
+            return torch.jit.trace(m, (x,))(x)
+        return torch.export.export(m, (x,), strict=how == "export-strict").module()(x)
+
+    with pytest.raises(Exception, match=r"variational \(training\) mode.*greedy_") as raised:
+        run(model)
+    assert how == "export-strict" or raised.type is ValueError  # strict export: dynamo's error carries it
+    sqs.greedy_(model, nonzero=0.5)
+    assert torch.equal(run(model), model(x))

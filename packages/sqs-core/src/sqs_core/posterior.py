@@ -12,10 +12,9 @@ all of these are float32 (θ upcast exactly); the layer's forward runs in its ow
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from torch import nn
 
 from ._autocast import without_autocast
 from ._checks import F32_STD_MIN, check_int
+from ._compile_guard import eager_under_torch_compile
 from ._compiled import use_compiled
 from ._forward_cache import SharedMoments, log_other_tensors, pointers, sharing_is_safe, tensor_key
 from ._gate_kl import gate_kl
@@ -56,21 +56,6 @@ LOG_STD_MIN = math.log(F32_STD_MIN)
 # large for the loss once put log σ past 88.7, where σ = inf and its component's gradients 0·inf = NaN.
 LOG_STD_MAX = -LOG_STD_MIN
 _HALF = (torch.float16, torch.bfloat16)
-
-
-def _eager_under_torch_compile(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` run eagerly inside a user's ``torch.compile(model)``: a graph break, the rest of the model
-    compiles. Dynamo cannot trace the posterior's data-dependent blocks and Python state (AOTAutograd failed
-    on a guard). ``torch.compiler.disable`` as a plain decorator would import dynamo (sympy, ...) with
-    sqs_core; this asks for it only while dynamo traces, when it is loaded already."""
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
-            return torch.compiler.disable(method)(*args, **kwargs)
-        return method(*args, **kwargs)
-
-    return wrapper
 
 
 class SpikeGMMPosterior(nn.Module):
@@ -238,7 +223,7 @@ class SpikeGMMPosterior(nn.Module):
         return self.dtype_probe.dtype
 
     # -- the training forward ---------------------------------------------------------------------
-    @_eager_under_torch_compile
+    @eager_under_torch_compile
     @without_autocast
     def moments(self, *, second: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """θ^avg = λ̃ Σ_k φ_k μ_k (θ's shape) and, with ``second``, Var_q(θ̃) for the moment-matched
@@ -281,7 +266,7 @@ class SpikeGMMPosterior(nn.Module):
         """θ^avg (Section "Training Procedure"): the weight of the plug-in training forward."""
         return self.moments()[0]
 
-    @_eager_under_torch_compile
+    @eager_under_torch_compile
     @without_autocast
     def kl(self) -> torch.Tensor:
         """Σ_i KL(Bern(λ̃_i)‖Bern(λ)) + Σ_i λ̃_i KL(N(μ_k*, σ_k*²)‖N(0, σ_0²)) (eq. approx_elbo).
