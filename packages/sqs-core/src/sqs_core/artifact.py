@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -195,11 +196,16 @@ def _check_state(art: Artifact, skeleton: nn.Module) -> dict[str, torch.Tensor]:
 
 def _load_state(art: Artifact, skeleton: nn.Module, weights: dict[str, torch.Tensor]) -> None:
     """Load the file's state into the (checked) skeleton strictly. Weights decoded into the skeleton's own
-    tensors cost nothing here: ``copy_`` from an alias of the same data returns at once."""
-    state = dict(art.dense)
+    tensors cost nothing here: ``copy_`` from an alias of the same data returns at once. The state carries the
+    skeleton's own ``_metadata`` (each module's state version), which a ``state_dict()`` carries: modules that
+    read it on load (torchvision's MNASNet: "version should be set to 1 or 2 instead of None") need it."""
+    state: dict[str, torch.Tensor] = OrderedDict(art.dense)
     for rec in art.records:
         for key in weight_keys(rec):
             state[key] = weights[record_name(rec)]
+    metadata = getattr(skeleton.state_dict(keep_vars=True), "_metadata", None)
+    if metadata is not None:
+        state._metadata = metadata  # type: ignore[attr-defined]
     skeleton.load_state_dict(state, strict=True)
 
 
