@@ -10,7 +10,23 @@ import pytest
 import sqs_core as sqs
 import torch
 from test_tied_forward import TiedLM
+from torch import nn
 from toy_models import Tied
+
+
+class TiedBias(nn.Module):
+    """As BERT's masked-LM head: the decoder's bias is the head's own ``bias`` parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(5))
+        self.body = nn.Linear(12, 12)
+        self.decoder = nn.Linear(12, 5)
+        self.decoder.bias = self.bias
+
+    def forward(self, x):
+        return self.decoder(torch.relu(self.body(x)))
+
 
 _TIE = {TiedLM: "embed", Tied: "a"}  # a layer of the tie
 
@@ -67,3 +83,19 @@ def test_tied_layers_declare_their_aliases_and_the_state_without_them_restores_t
 def test_untied_layers_declare_nothing():
     model = sqs.prepare_(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)), sqs.SQSConfig())
     assert _declared(model) == []
+
+
+def test_a_wrapped_modules_tied_bias_is_declared_and_restored():
+    """prepare_ moves the decoder's bias to ``decoder.base_layer.bias``, still the head's ``bias`` tensor."""
+    model = _trained(TiedBias)
+    with torch.no_grad():
+        model.bias.add_(1.0)
+    assert model.decoder._tied_weights_keys == {r"base_layer\.bias$": "bias"}
+    state = _without_aliases(model)
+    assert set(model.state_dict()) - set(state) == {"decoder.base_layer.bias"}
+    fresh = _trained(TiedBias, seed=1)
+    result = fresh.load_state_dict({k: v.clone() for k, v in state.items()}, strict=False)
+    assert result.missing_keys == ["decoder.base_layer.bias"]
+    assert fresh.decoder.bias is fresh.bias and torch.equal(fresh.bias, model.bias)
+    x = torch.randn(3, 12)
+    torch.testing.assert_close(fresh(x), model(x), rtol=0, atol=0)

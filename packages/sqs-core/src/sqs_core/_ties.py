@@ -7,6 +7,7 @@ layer's (:func:`declare_tie_aliases`), the way a Hugging Face model declares its
 
 from __future__ import annotations
 
+import re
 from typing import Any, cast
 
 import torch
@@ -63,18 +64,32 @@ def check_tied_settings(chosen) -> None:
 
 
 def declare_tie_aliases(model: nn.Module) -> None:
-    """Every SQS layer of ``model`` but the first (in module order) to hold a posterior gets ``_tied_weights_keys``
-    = {:data:`ALIAS_PATTERN`: the first layer's posterior}: its posterior's entries in ``model.state_dict()`` are
-    the first layer's tensors under a second name.
+    """Declare, on each SQS layer of ``model``, the entries of ``model.state_dict()`` under it that are another
+    entry's tensor under a second name, in ``_tied_weights_keys`` (patterns relative to the layer, each mapped to
+    the entry it aliases): its posterior's, on every layer of a tie but the first (in module order), and any entry
+    of the wrapped module that a module elsewhere holds too (BERT's decoder bias is its prediction head's ``bias``;
+    prepare_ moved it to ``decoder.base_layer.bias``, where the model's own declaration no longer finds it).
 
     ``torch.save`` stores such aliases once; safetensors refuses aliased tensors, and Hugging Face's
     ``save_pretrained`` (so ``Trainer``'s checkpoints) drops the keys that submodules' ``_tied_weights_keys``
-    declare (patterns relative to the submodule), as it drops a tied head's weight. Without this, a prepared
-    model with a tied head failed there ("contained shared tensors ... not properly defined"); loading the file
-    back with ``load_state_dict(strict=False)`` fills the shared posterior from the first layer's keys."""
+    declare, as it drops a tied head's weight, keeping one name of each tensor. Without this, a prepared model with
+    a tie failed there ("contained shared tensors ... not properly defined"); loading the file back with
+    ``load_state_dict(strict=False)`` fills each shared tensor through the name kept."""
+    names: dict[int, list[str]] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        names.setdefault(id(tensor), []).append(key)
     first: dict[int, str] = {}
     for name, layer in model.named_modules():
-        if isinstance(layer, SQSLayer):
-            source = first.setdefault(id(layer.posterior), name)
-            if source != name:
-                layer._tied_weights_keys = {ALIAS_PATTERN: f"{source}.posterior" if source else "posterior"}
+        if not isinstance(layer, SQSLayer):
+            continue
+        aliases: dict[str, str] = {}
+        source = first.setdefault(id(layer.posterior), name)
+        if source != name:
+            aliases[ALIAS_PATTERN] = f"{source}.posterior" if source else "posterior"
+        prefix = f"{name}.base_layer." if name else "base_layer."
+        for key, tensor in layer.base_layer.state_dict(prefix=prefix, keep_vars=True).items():
+            others = [other for other in names.get(id(tensor), []) if other != key]
+            if others and ".posterior." not in key[len(prefix) :]:  # a nested SQS layer declares its own
+                aliases[re.escape(key[len(name) + 1 if name else 0 :]) + "$"] = others[0]
+        if aliases:
+            layer._tied_weights_keys = aliases

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._noise import output_std, weight_noise_std
+from ._subclass_forward import class_forward, substituting
 from .posterior import SpikeGMMPosterior
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,10 @@ def adapter_for(module: nn.Module) -> LayerAdapter | None:
     found = _registered_type(module)
     if found is None:
         return None
-    return _REGISTRY.get(found, _HF_CONV1D)
+    adapter = _REGISTRY.get(found, _HF_CONV1D)
+    if adapter.weight_names is None and class_forward(module, found) is not None:
+        return substituting(adapter)  # a subclass's own forward runs, with the weight substituted
+    return adapter
 
 
 def _registered_type(module: nn.Module) -> type | None:
@@ -226,20 +230,11 @@ def _registered_type(module: nn.Module) -> type | None:
 
 
 def own_forward(module: nn.Module) -> str | None:
-    """What replaces the forward that ``module``'s adapter reproduces, or None: an instance attribute
-    ``forward`` (a patched module) or a subclass of the registered type that defines its own ``forward``
-    (timm's StdConv2d, a scaled embedding). SQSLayer runs the adapter, never the module's forward."""
-    adapter = adapter_for(module)
-    if adapter is not None and adapter.weight_names is not None:
-        return None  # the module's own forward runs (substituted_forward), whatever it is
+    """A forward set on ``module`` itself (a patched module, as accelerate's hooks patch one), described, or None.
+    A subclass's own forward (timm's StdConv2d, a scaled embedding) runs with the weight substituted
+    (sqs_core._subclass_forward), as do the types with several compressed parameters."""
     if "forward" in vars(module):
         return "a forward set on the instance (a patched module)"
-    registered = _registered_type(module)
-    for cls in type(module).__mro__:
-        if cls is registered or cls is nn.Module:
-            return None
-        if "forward" in vars(cls):
-            return f"its own forward ({cls.__module__}.{cls.__qualname__}.forward)"
     return None
 
 

@@ -268,17 +268,19 @@ _HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backw
 
 def _check_forward(name: str, module: nn.Module) -> None:
     """A ValueError for a layer whose call the SQS layer would not reproduce: SQSLayer computes the layer's
-    functional form with the posterior's weight and never calls the module (its hooks, its own forward); a type
-    with several compressed parameters (LayerAdapter.weight_names) is called, hooks and all."""
-    adapter = adapter_for(module)
-    if adapter is not None and adapter.weight_names is not None:
-        return
+    functional form with the posterior's weight and never calls the module (its hooks); a forward patched onto the
+    instance is refused whatever the type. A module whose own forward runs with its weights substituted (a type
+    with several compressed parameters, a subclass with its own forward: LayerAdapter.weight_names) is called,
+    hooks and all."""
     replaced = own_forward(module)
     if replaced is not None:
         raise ValueError(
             f"layer {name!r} ({type(module).__name__}) has {replaced}, which the SQS layer would not run: exclude "
             "it, or register its type with sqs_core.register_layer_type(type, LayerAdapter(...)) computing that forward"
         )
+    adapter = adapter_for(module)
+    if adapter is not None and adapter.weight_names is not None:
+        return
     hooks = [kind for kind in _HOOKS if getattr(module, kind, None)]
     if hooks:
         raise ValueError(
