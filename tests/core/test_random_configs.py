@@ -25,7 +25,8 @@ from torch.utils.checkpoint import checkpoint
 from toy_models import Conv1D
 
 KINDS = ["mlp", "conv", "embedding", "lstm", "gru", "rnn", "attention", "transposed", "transposed2d", "conv3d"]
-KINDS += ["tied", "reused", "custom", "gpt_conv1d"]
+KINDS += ["tied", "reused", "custom", "gpt_conv1d", "scaled_tied"]
+TIED = ("tied", "scaled_tied")  # a language model's head tied to its token embedding
 OPTIMIZERS = {
     "Adam": torch.optim.Adam,
     "AdamW": lambda groups: torch.optim.AdamW(groups, weight_decay=0.01),
@@ -57,9 +58,10 @@ class _Net(nn.Module):
             ),
             "custom": lambda: Scaled(12, 16),  # a user's layer type, registered with an adapter
             "gpt_conv1d": lambda: Conv1D(16, 12),  # transformers' Conv1D contract, on a sequence
+            "scaled_tied": lambda: ScaledEmbedding(20, 16),  # Gemma's: a subclass with its own forward
         }[kind]()
-        self.head = nn.Linear(16, 20 if kind == "tied" else 5)
-        if kind == "tied":  # a language model's head tied to its token embedding
+        self.head = nn.Linear(16, 20 if kind in TIED else 5)
+        if kind in TIED:
             self.head.weight = self.layer.weight
 
     def batch(self, dtype):
@@ -78,14 +80,14 @@ class _Net(nn.Module):
             "custom": (8, 12),
             "gpt_conv1d": (8, 4, 12),
         }
-        if self.kind in ("embedding", "tied"):
+        if self.kind in ("embedding", *TIED):
             return torch.randint(0, 20, (8, 4), generator=gen)
         x = torch.randn(shape[self.kind], generator=gen)
         x[0] = 0  # a padding row: Var[out] = 0 there
         return x.to(dtype)
 
     def forward(self, x):
-        if self.kind in ("embedding", "tied"):
+        if self.kind in ("embedding", *TIED):
             return self.head(self.layer(x).mean(1))
         if self.kind in ("lstm", "gru", "rnn"):
             return self.head(self.layer(x)[0][:, -1])
@@ -108,6 +110,13 @@ class Scaled(nn.Module):
 
     def forward(self, x):
         return self.scale * F.linear(x, self.kernel)
+
+
+class ScaledEmbedding(nn.Embedding):
+    """A token embedding that scales its lookup by √d (Gemma's, BART's): its own forward runs, substituted."""
+
+    def forward(self, ids):
+        return super().forward(ids) * self.embedding_dim**0.5
 
 
 def _scaled(base, x, weight):
@@ -204,7 +213,7 @@ def test_random_case_trains_and_round_trips_with_everything_finite(
     with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
         assume(bool(torch.isfinite(model(x)).all()))  # not a case the plain model overflows already
     full = sqs.SQSConfig(**config, compile_kernels=False)
-    if kind == "tied" and _settings(full, "layer") != _settings(full, "head"):  # one tie, two settings: refused
+    if kind in TIED and _settings(full, "layer") != _settings(full, "head"):  # one tie, two settings: refused
         with pytest.raises(ValueError, match="tied"):
             sqs.prepare_(model, full)
         return

@@ -82,3 +82,9 @@ def test_subclass_forward_runs_with_the_compressed_weight_and_round_trips(tmp_pa
     copied = copy.deepcopy(model)  # the adapter pickles
     with torch.no_grad():
         assert torch.equal(plain(ids), model(ids)) and torch.equal(copied(ids), model(ids))
+        g = torch.Generator().manual_seed(3)
+        averaged = sqs.BayesianAverage(model, samples=2, nonzero=0.5, generator=g)(ids)
+        from_file = sqs.load_bayesian_average(
+            tmp_path / "m.sqs", Net(), samples=2, generator=torch.Generator().manual_seed(3)
+        )(ids)
+        assert torch.isfinite(averaged).all() and torch.equal(from_file, averaged)
