@@ -8,7 +8,7 @@ nox -s theory           the quick tier of the convergence study, into build/theo
                         (-- --tier full --out docs/results/theory for the committed one, then
                         python -m sqs_theory docs to refresh docs/theory.md)
 nox -s bench            the default benchmark suite (-- --suite cifar10 for everything)
-nox -s vision           sqs-core on 15 torchvision architectures (torch 2.14.1 + torchvision; ~4 min)
+nox -s vision           sqs-core on 34 torchvision and timm architectures (torch 2.14.1 + torchvision; ~8 min)
 nox -s llm_step         one training step of SmolLM2-135M: plain, SQS eager, SQS compiled (~10 min; appends to
                         docs/results/llm_step_smollm2.jsonl; -- any bench_llm_step.py arguments instead)
 """
@@ -26,6 +26,7 @@ nox.options.reuse_existing_virtualenvs = True
 TORCH = "torch==2.13.0"  # the CPU wheel on local disk; an unpinned torch pulls a multi-GB CUDA build
 TEST_TOOLS = ["pytest>=8", "hypothesis>=6.80"]
 TORCHVISION = ["torch==2.14.1", "torchvision==0.29.1"]  # the only torchvision on local disk, with its own torch
+TIMM = "timm==1.0.31"
 CORE = "packages/sqs-core"
 THEORY = "packages/sqs-theory"
 BENCH = "packages/sqs-bench"
@@ -108,9 +109,9 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def vision(session: nox.Session) -> None:
-    """sqs-core on 15 torchvision architectures (tests/vision; not in `tests`: torchvision needs torch 2.14.1,
-    a 5.5 GB CUDA build in the venv, ~4 min here)."""
-    session.install(*TORCHVISION, *TEST_TOOLS)
+    """sqs-core on 15 torchvision and 19 timm architectures (tests/vision; not in `tests`: torchvision needs
+    torch 2.14.1, a 5.5 GB CUDA build in the venv; ~8 min here)."""
+    session.install(*TORCHVISION, TIMM, *TEST_TOOLS)
     session.install("--no-deps", "-e", CORE)  # keeps that torch
     session.install("safetensors>=0.4")
     _pytest(session, "tests/vision")

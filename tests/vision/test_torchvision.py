@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import sqs_core as sqs
 import torch
-import torch.nn.functional as F
+from vision_round_trip import train_and_round_trip
 
 torchvision = pytest.importorskip("torchvision", reason="nox -s vision installs torch 2.14.1 with torchvision")
 
@@ -44,25 +44,4 @@ def _make(name: str):
 @pytest.mark.parametrize(("name", "side"), ARCHITECTURES, ids=[name for name, _ in ARCHITECTURES])
 def test_architecture_compresses_and_round_trips(tmp_path, name, side):
     torch.manual_seed(0)
-    model = sqs.prepare_(_make(name), sqs.SQSConfig(num_components=4))
-    x, y = torch.randn(4, 3, side, side), torch.randint(0, 10, (4,))
-    objective = sqs.Objective(model, num_data=1_000)
-    optimizer = torch.optim.AdamW(sqs.param_groups(model, gate_lr=1e-4))
-    pruning = sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=2)
-    model.train()
-    for step in range(2):
-        pruning.step(step)
-        loss = objective(F.cross_entropy(model(x), y))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        assert torch.isfinite(loss)
-    model.eval()
-    sqs.greedy_(model, nonzero=0.5)
-    sqs.save(model, tmp_path / "m.sqs", nonzero=0.5)
-    plain = sqs.load(tmp_path / "m.sqs", _make(name).eval())
-    average = sqs.BayesianAverage(model, samples=2, nonzero=0.5, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        assert torch.equal(plain(x), model(x))
-        assert torch.isfinite(average(x)).all()
-    assert sqs.compression_report(tmp_path / "m.sqs").nonzero_rate == pytest.approx(0.5, abs=0.01)
+    train_and_round_trip(tmp_path, lambda: _make(name), side, sqs.SQSConfig(num_components=4))
