@@ -275,8 +275,8 @@ def _check_forward(name: str, module: nn.Module) -> None:
     replaced = own_forward(module)
     if replaced is not None:
         raise ValueError(
-            f"layer {name!r} ({type(module).__name__}) has {replaced}, which the SQS layer would not run: exclude "
-            "it, or register its type with sqs_core.register_layer_type(type, LayerAdapter(...)) computing that forward"
+            f"layer {name!r} ({type(module).__name__}) has {replaced}, which may read or move its weight itself: "
+            "call prepare_ before patching the model, or exclude the layer"
         )
     adapter = adapter_for(module)
     if adapter is not None and adapter.weight_names is not None:
