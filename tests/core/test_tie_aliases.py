@@ -62,7 +62,9 @@ def test_tied_layers_declare_their_aliases_and_the_state_without_them_restores_t
     layers = sqs.sqs_layers(model)
     first, second = [name for name, layer in layers.items() if layer.posterior is layers[_TIE[factory]].posterior]
     aliases = model.get_submodule(second)._tied_weights_keys
-    assert list(aliases.values()) == [f"{first}.posterior"]
+    assert aliases == {
+        rf"posterior\.{key}$": f"{first}.posterior.{key}" for key in layers[first].posterior.state_dict()
+    }
     assert not hasattr(model.get_submodule(first), "_tied_weights_keys")
     state = _without_aliases(model)
     dropped = set(model.state_dict()) - set(state)
@@ -99,3 +101,33 @@ def test_a_wrapped_modules_tied_bias_is_declared_and_restored():
     assert fresh.decoder.bias is fresh.bias and torch.equal(fresh.bias, model.bias)
     x = torch.randn(3, 12)
     torch.testing.assert_close(fresh(x), model(x), rtol=0, atol=0)
+
+
+class TiedRecurrent(nn.Module):
+    """Two LSTMs sharing one input weight (compressed: nested SQS layers) and one bias (dense, in the wrapped
+    module): each alias declared once, on the later LSTM's innermost layer, the first name kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.LSTM(4, 6), nn.LSTM(4, 6)
+        self.b.weight_ih_l0 = self.a.weight_ih_l0
+        self.b.bias_hh_l0 = self.a.bias_hh_l0
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.head(self.a(x)[0] + self.b(x)[0])
+
+
+def test_nested_layers_declare_each_alias_once_and_keep_the_first_name():
+    model = _trained(TiedRecurrent)
+    assert _declared(model) == [
+        f"b.base_layer.{pattern}"
+        for pattern in [r"base_layer\.bias_hh_l0$"]
+        + [rf"posterior\.{key}$" for key in model.a.base_layer.posterior.state_dict()]
+    ]
+    state = _without_aliases(model)
+    assert all(not key.startswith("a.") or key in state for key in model.state_dict())  # the first LSTM's all kept
+    fresh = _trained(TiedRecurrent, seed=1)
+    fresh.load_state_dict({k: v.clone() for k, v in state.items()}, strict=False)
+    x = torch.randn(3, 2, 4)
+    torch.testing.assert_close(fresh.eval()(x), model.eval()(x), rtol=0, atol=0)

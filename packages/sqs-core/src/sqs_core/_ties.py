@@ -16,11 +16,7 @@ from torch import nn
 from .config import OVERRIDABLE
 from .layers import SQSLayer, compressed_names
 
-__all__ = ["ALIAS_PATTERN", "check_tied_settings", "check_ties", "declare_tie_aliases", "tensors_to_compress"]
-
-ALIAS_PATTERN = r"posterior\.[^.]+$"
-"""A tie's later layer's state keys that alias the first layer's, as a pattern relative to that layer: every
-parameter and buffer of its (shared) posterior."""
+__all__ = ["check_tied_settings", "check_ties", "declare_tie_aliases", "tensors_to_compress"]
 
 
 def tensors_to_compress(module: nn.Module) -> list[torch.Tensor]:
@@ -64,32 +60,38 @@ def check_tied_settings(chosen) -> None:
 
 
 def declare_tie_aliases(model: nn.Module) -> None:
-    """Declare, on each SQS layer of ``model``, the entries of ``model.state_dict()`` under it that are another
-    entry's tensor under a second name, in ``_tied_weights_keys`` (patterns relative to the layer, each mapped to
-    the entry it aliases): its posterior's, on every layer of a tie but the first (in module order), and any entry
-    of the wrapped module that a module elsewhere holds too (BERT's decoder bias is its prediction head's ``bias``;
-    prepare_ moved it to ``decoder.base_layer.bias``, where the model's own declaration no longer finds it).
+    """Declare, on the SQS layers of ``model``, the entries of ``model.state_dict()`` that are another entry's tensor
+    under a second name: ``layer._tied_weights_keys`` maps each (an escaped pattern relative to the layer, as
+    transformers writes them) to the entry kept. Of each group of names of one tensor, the first outside every SQS
+    layer is kept, else the first: a tie's posterior on every layer of the tie but the first (in state order), and an
+    entry of a wrapped module that a module elsewhere holds too (BERT's decoder bias is its prediction head's
+    ``bias``; prepare_ moved it to ``decoder.base_layer.bias``, where the model's own declaration no longer finds it).
 
     ``torch.save`` stores such aliases once; safetensors refuses aliased tensors, and Hugging Face's
     ``save_pretrained`` (so ``Trainer``'s checkpoints) drops the keys that submodules' ``_tied_weights_keys``
-    declare, as it drops a tied head's weight, keeping one name of each tensor. Without this, a prepared model with
-    a tie failed there ("contained shared tensors ... not properly defined"); loading the file back with
-    ``load_state_dict(strict=False)`` fills each shared tensor through the name kept."""
-    names: dict[int, list[str]] = {}
+    declare, as it drops a tied head's weight. Without this, a prepared model with a tie failed there ("contained
+    shared tensors ... not properly defined"); loading the file back with ``load_state_dict(strict=False)`` fills
+    each shared tensor through the name kept."""
+    layers = {name: layer for name, layer in model.named_modules() if isinstance(layer, SQSLayer)}
+    groups: dict[int, list[str]] = {}
     for key, tensor in model.state_dict(keep_vars=True).items():
-        names.setdefault(id(tensor), []).append(key)
-    first: dict[int, str] = {}
-    for name, layer in model.named_modules():
-        if not isinstance(layer, SQSLayer):
+        groups.setdefault(id(tensor), []).append(key)
+    for keys in groups.values():
+        if len(keys) < 2:
             continue
-        aliases: dict[str, str] = {}
-        source = first.setdefault(id(layer.posterior), name)
-        if source != name:
-            aliases[ALIAS_PATTERN] = f"{source}.posterior" if source else "posterior"
-        prefix = f"{name}.base_layer." if name else "base_layer."
-        for key, tensor in layer.base_layer.state_dict(prefix=prefix, keep_vars=True).items():
-            others = [other for other in names.get(id(tensor), []) if other != key]
-            if others and ".posterior." not in key[len(prefix) :]:  # a nested SQS layer declares its own
-                aliases[re.escape(key[len(name) + 1 if name else 0 :]) + "$"] = others[0]
-        if aliases:
-            layer._tied_weights_keys = aliases
+        owners = [_innermost_layer(key, layers) for key in keys]
+        kept = next((key for key, owner in zip(keys, owners, strict=True) if owner is None), keys[0])
+        for key, owner in zip(keys, owners, strict=True):
+            if key != kept and owner is not None:
+                aliases = layers[owner].__dict__.setdefault("_tied_weights_keys", {})
+                aliases[re.escape(key[len(owner) + 1 :]) + "$"] = kept
+
+
+def _innermost_layer(key: str, layers: dict[str, SQSLayer]) -> str | None:
+    """The name of the innermost SQS layer holding the state entry ``key``, or None."""
+    parts = key.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in layers:
+            return prefix
+    return None
