@@ -2,14 +2,17 @@
 
 A tied head shares its embedding's posterior, so the prepared model's state holds that posterior's tensors under
 two names; safetensors refuses aliased tensors unless the model declares them (``_tied_weights_keys``), which
-``prepare_`` does for each later layer of a tie (sqs_core._ties). These tests run transformers' real saving code
-and ``Trainer`` (with SQS's objective in ``compute_loss`` and the pruning schedule in a callback, the recipe of
-the README) through a checkpoint and a resume.
+``prepare_`` does for every aliased entry (sqs_core._ties). These tests run transformers' real saving code on six
+architectures, and ``Trainer`` through a checkpoint and a resume with examples/hf_trainer.py, the recipe the README
+points to (SQS's objective in ``compute_loss``, the pruning schedule in a callback).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -20,17 +23,9 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the integration environment installs transformers")
 from safetensors.torch import load_file  # noqa: E402
-from test_transformers import _gpt2, _train  # noqa: E402
+from test_transformers import _train  # noqa: E402
 
 STEPS = 6
-
-
-def _prepared_gpt2(seed: int):
-    model, config = _gpt2(seed)
-    for module in model.modules():  # Trainer trains in train mode: no dropout, so that runs can be compared
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    return sqs.prepare_(model, sqs.SQSConfig(num_components=4)), config
 
 
 def _llama():
@@ -74,7 +69,9 @@ def _t5():  # shared, encoder and decoder token embeddings tied, the head too
 
 
 ARCHITECTURES = {
-    "gpt2": lambda: _gpt2()[0],
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=101, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    ),
     "llama": _llama,
     "gemma": _gemma,
     "bart": _bart,
@@ -114,83 +111,43 @@ def test_save_pretrained_of_a_prepared_tied_model_loads_back_whole(tmp_path, nam
         assert torch.equal(plain(**batch).logits, model(**batch).logits)
 
 
-class _SQSTrainer(transformers.Trainer):
-    """Trainer with Ω_apx as the loss (compute_loss) and sqs.param_groups' learning rates (create_optimizer).
-
-    ``objective(nll)`` is a micro-batch's mean NLL + β·KL/n: ``loss_is_scaled_for_ga = False`` has the Trainer
-    divide it by the gradient-accumulation steps (the KL then counted once a step). Left at transformers' default,
-    a model that takes loss kwargs (GPT-2 does) has its loss taken as scaled already: the loss of every step
-    would count ``gradient_accumulation_steps`` times."""
-
-    loss_is_scaled_for_ga = False
-
-    def __init__(self, *args, num_data: int, sgd: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.sqs_objective = sqs.Objective(self.model, num_data=num_data)
-        self.sgd = sgd
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        outputs = model(**inputs)
-        loss = self.sqs_objective(outputs.loss)
-        return (loss, outputs) if return_outputs else loss
-
-    def create_optimizer(self, model=None):
-        if self.optimizer is None and self.sgd:  # plain SGD: its step follows the loss's scale, which Adam's does not
-            self.optimizer = torch.optim.SGD(sqs.param_groups(self.model, quant_lr=1e-4, gate_lr=1e-4, other_lr=1e-4))
-        elif self.optimizer is None:
-            self.optimizer = torch.optim.AdamW(sqs.param_groups(self.model, gate_lr=1e-4))
-        return self.optimizer
-
-
-class _Pruning(transformers.TrainerCallback):
-    def __init__(self, schedule: sqs.PruningSchedule):
-        self.schedule = schedule
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.schedule.step(state.global_step)
-
-
-def _trainer(out, seed: int, batch: int = 4, accumulate: int = 1, sgd: bool = False):
+def _example():
+    """examples/hf_trainer.py, the Trainer recipe the README points to, as a module."""
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (noxfile installs it)")
-    model, config = _prepared_gpt2(seed)
-    g = torch.Generator().manual_seed(2)
-    data = [{"input_ids": t, "labels": t} for t in torch.randint(0, config.vocab_size, (16, 12), generator=g)]
-    args = transformers.TrainingArguments(
-        output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=batch, save_steps=STEPS // 2,
-        gradient_accumulation_steps=accumulate, max_grad_norm=0.0 if sgd else 1.0,
-        report_to=[], use_cpu=True, seed=3, disable_tqdm=True,
-    )  # fmt: skip
-    pruning = _Pruning(sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=STEPS))
-    return _SQSTrainer(
-        model=model, args=args, train_dataset=data, callbacks=[pruning], num_data=len(data), sgd=sgd
-    ), model
+    path = Path(__file__).resolve().parents[2] / "examples" / "hf_trainer.py"
+    spec = importlib.util.spec_from_file_location("hf_trainer_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_trainer_checkpoints_and_resumes_a_prepared_tied_gpt2(tmp_path):
-    trainer, model = _trainer(tmp_path, seed=0)
-    trainer.train()
-    checkpoint = tmp_path / f"checkpoint-{STEPS // 2}"
-    assert (checkpoint / "model.safetensors").is_file()
-
-    resumed_trainer, resumed = _trainer(tmp_path, seed=1)  # other initial weights: the checkpoint must hold all
-    resumed_trainer.train(resume_from_checkpoint=str(checkpoint))
-    assert resumed.lm_head.posterior is resumed.transformer.wte.posterior
-    for key, value in model.state_dict().items():
-        assert torch.equal(resumed.state_dict()[key], value), key
-    masks = [post.mask for post in sqs.posteriors(model).values()]
-    kept = sum(int(mask.sum()) for mask in masks) / sum(mask.numel() for mask in masks)
-    assert kept == pytest.approx(0.5, abs=0.01)  # the schedule ran to its target
+def test_the_trainer_example_checkpoints_resumes_and_saves(tmp_path, monkeypatch, capsys):
+    """A prepared tied GPT-2 through Trainer: the checkpoint (safetensors) holds everything, the resumed run ends
+    where the uninterrupted one ends, the pruning schedule reaches its target and the compressed file is written."""
+    monkeypatch.setattr(sys, "argv", ["hf_trainer.py", "--out", str(tmp_path), "--steps", "6"])
+    _example().main()
+    assert "where the uninterrupted one ends: True" in capsys.readouterr().out
+    assert (tmp_path / "checkpoint-3" / "model.safetensors").is_file()
+    assert sqs.compression_report(tmp_path / "model.sqs").nonzero_rate == pytest.approx(0.5, abs=0.01)
 
 
 def test_trainer_gradient_accumulation_matches_the_whole_batch(tmp_path):
-    whole_trainer, whole = _trainer(tmp_path / "whole", seed=0, sgd=True)
-    start = {key: value.clone() for key, value in whole.state_dict().items()}
-    whole_trainer.train()
-    split_trainer, split = _trainer(tmp_path / "split", seed=0, batch=2, accumulate=2, sgd=True)
-    split_trainer.train()
+    """Under SGD (its step follows the loss's scale, which Adam's does not; no clipping, which would hide it too)."""
+    example = _example()
+    runs = {}
+    for name, arguments in {
+        "whole": {},
+        "split": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2},
+    }.items():
+        model = sqs.prepare_(example.small_gpt2(), sqs.SQSConfig(num_components=4))
+        trainer = example.trainer_for(model, tmp_path / name, STEPS, max_grad_norm=0.0, **arguments)
+        trainer.optimizer = torch.optim.SGD(sqs.param_groups(model, quant_lr=1e-4, gate_lr=1e-4, other_lr=1e-4))
+        start = {key: value.clone() for key, value in model.state_dict().items()}
+        trainer.train()
+        runs[name] = model
     moved = 0
-    for key, value in whole.state_dict().items():  # the same samples a step, summed in two halves: rounding only
-        got = split.state_dict()[key]
+    for key, value in runs["whole"].state_dict().items():  # the same samples a step, summed in two halves
+        got = runs["split"].state_dict()[key]
         if not value.is_floating_point():  # masks
             assert torch.equal(got, value), key
             continue
