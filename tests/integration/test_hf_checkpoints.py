@@ -111,6 +111,19 @@ def test_save_pretrained_of_a_prepared_tied_model_loads_back_whole(tmp_path, nam
         assert torch.equal(plain(**batch).logits, model(**batch).logits)
 
 
+def test_sharded_save_pretrained_loads_back_whole(tmp_path):
+    """Shards of a few kilobytes (posteriors split across files): transformers' own sharded loader restores all."""
+    from transformers.trainer_utils import load_sharded_checkpoint
+
+    model = _prepared(_llama, 0)
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 5
+    fresh = _prepared(_llama, 1)
+    load_sharded_checkpoint(fresh, tmp_path, strict=False)
+    for key, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+
+
 def _example():
     """examples/hf_trainer.py, the Trainer recipe the README points to, as a module."""
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (noxfile installs it)")
