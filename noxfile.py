@@ -8,7 +8,7 @@ nox -s theory           the quick tier of the convergence study, into build/theo
                         (-- --tier full --out docs/results/theory for the committed one, then
                         python -m sqs_theory docs to refresh docs/theory.md)
 nox -s bench            the default benchmark suite (-- --suite cifar10 for everything)
-nox -s vision           sqs-core on 34 torchvision and timm architectures (torch 2.14.1 + torchvision; ~8 min)
+nox -s vision           sqs-core on 34 torchvision and timm architectures (torch 2.14.1 + torchvision; ~9 min)
 nox -s llm_step         one training step of SmolLM2-135M: plain, SQS eager, SQS compiled (~10 min; appends to
                         docs/results/llm_step_smollm2.jsonl; -- any bench_llm_step.py arguments instead)
 """
@@ -110,7 +110,7 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def vision(session: nox.Session) -> None:
     """sqs-core on 15 torchvision and 19 timm architectures (tests/vision; not in `tests`: torchvision needs
-    torch 2.14.1, a 5.5 GB CUDA build in the venv; ~8 min here)."""
+    torch 2.14.1, a 5.5 GB CUDA build in the venv; 9 min here)."""
     session.install(*TORCHVISION, TIMM, *TEST_TOOLS)
     session.install("--no-deps", "-e", CORE)  # keeps that torch
     session.install("safetensors>=0.4")

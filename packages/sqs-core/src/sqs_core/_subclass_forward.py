@@ -17,17 +17,17 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["class_forward", "substituting"]
+__all__ = ["defines_forward", "substituting"]
 
 
-def class_forward(module: nn.Module, registered: type) -> str | None:
-    """The forward a class between ``type(module)`` and the ``registered`` type defines, described, or None."""
+def defines_forward(module: nn.Module, registered: type) -> bool:
+    """Whether a class between ``type(module)`` and the ``registered`` type defines ``forward``."""
     for cls in type(module).__mro__:
         if cls is registered or cls is nn.Module:
-            return None
+            return False
         if "forward" in vars(cls):
-            return f"its own forward ({cls.__module__}.{cls.__qualname__}.forward)"
-    return None
+            return True
+    return False
 
 
 def _single(name: str, module: nn.Module) -> tuple[str, ...]:

@@ -1,8 +1,9 @@
 """Tied weights in ``prepare_``: modules sharing one weight Parameter share one posterior.
 
 Before anything changes, a tie to a module left dense and a tie whose layers the overrides configure differently
-are refused. After, each later layer of a tie declares its posterior's state entries as aliases of the first
-layer's (:func:`declare_tie_aliases`), the way a Hugging Face model declares its tied head.
+are refused. After, every state entry that is another entry's tensor under a second name (a tie's shared posterior
+on its later layers, a wrapped module's tied bias) is declared as an alias on its SQS layer
+(:func:`declare_tie_aliases`), the way a Hugging Face model declares its tied head.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._noise import output_std, weight_noise_std
-from ._subclass_forward import class_forward, substituting
+from ._subclass_forward import defines_forward, substituting
 from .posterior import SpikeGMMPosterior
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ def adapter_for(module: nn.Module) -> LayerAdapter | None:
     if found is None:
         return None
     adapter = _REGISTRY.get(found, _HF_CONV1D)
-    if adapter.weight_names is None and class_forward(module, found) is not None:
+    if adapter.weight_names is None and defines_forward(module, found):
         return substituting(adapter)  # a subclass's own forward runs, with the weight substituted
     return adapter
 
