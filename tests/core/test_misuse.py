@@ -299,13 +299,37 @@ def test_generator_must_be_a_torch_generator(call):
         call(prepared())
 
 
-def test_prepare_refuses_a_dict_config_and_an_empty_layer():
+def test_prepare_refuses_a_dict_config():
     with pytest.raises(ValueError, match=r"SQSConfig \(SQSConfig.from_dict"):
         sqs.prepare_(mlp(), {"num_components": 4})
-    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(0, 3))
-    with pytest.raises(ValueError, match=r"layer '1' has an empty weight \(3, 0\)"):
-        sqs.prepare_(model)
-    assert not sqs.is_prepared(model)
+
+
+class WithEmptyLayer(nn.Module):
+    """MobileBERT's prediction head when its hidden size equals its embedding size: a Linear with no outputs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.full, self.empty = nn.Linear(4, 8), nn.Linear(4, 0)
+
+    def forward(self, x):
+        return torch.cat([self.full(x), self.empty(x)], dim=-1)
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+def test_an_empty_layer_is_left_as_it_is_and_a_model_of_empty_layers_is_refused(tmp_path):
+    """Before session 57 an empty layer refused the whole model (MobileBERT with hidden = embedding size)."""
+    model = sqs.prepare_(WithEmptyLayer(), sqs.SQSConfig(num_components=4))
+    assert sorted(sqs.sqs_layers(model)) == ["full"] and isinstance(model.empty, nn.Linear)
+    sqs.greedy_(model)
+    sqs.save(model, tmp_path / "m.sqs")
+    plain = sqs.load(tmp_path / "m.sqs", WithEmptyLayer())
+    with torch.no_grad():
+        assert torch.equal(plain(X[:, :4]), model(X[:, :4]))
+    only_empty = nn.Sequential(nn.Linear(0, 3))
+    with pytest.raises(ValueError, match="has no layer SQS can compress"):
+        sqs.prepare_(only_empty)
+    assert not sqs.is_prepared(only_empty)
 
 
 def test_second_order_gradients_of_the_posterior_fail_clearly_and_input_penalties_work():

@@ -88,3 +88,44 @@ def test_subclass_forward_runs_with_the_compressed_weight_and_round_trips(tmp_pa
             tmp_path / "m.sqs", Net(), samples=2, generator=torch.Generator().manual_seed(3)
         )(ids)
         assert torch.isfinite(averaged).all() and torch.equal(from_file, averaged)
+
+
+class PositionalEmbedding(nn.Embedding):
+    """As transformers' ProphetNetPositionalEmbeddings: a method beside forward that model code calls on the
+    layer (``self.position_embeddings._forward(ids)``), a property reading the weight, a static method."""
+
+    def forward(self, length):
+        return self._forward(torch.arange(length))
+
+    def _forward(self, ids):
+        return super().forward(ids) * 2.0
+
+    @property
+    def row_norms(self):
+        return self.weight.norm(dim=-1)
+
+    @staticmethod
+    def offset(ids):
+        return ids + 1
+
+
+def test_a_method_the_subclass_defines_runs_with_the_compressed_weight():
+    """ProphetNet's decoder calls its positional embedding's ``_forward``: before session 57 the SQS layer had
+    no such attribute, as it passes on no method of the module it wraps."""
+    torch.manual_seed(0)
+    model = sqs.prepare_(nn.Sequential(PositionalEmbedding(8, 4), nn.Linear(4, 2)), sqs.SQSConfig(num_components=4))
+    layer, ids = model[0], torch.tensor([1, 3, 5])
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(layer._forward(ids), layer.weight[ids] * 2.0, rtol=0, atol=0)
+        torch.testing.assert_close(layer.row_norms, layer.weight.norm(dim=-1), rtol=0, atol=0)
+    assert torch.equal(layer.offset(ids), ids + 1)
+    model.train()
+    layer._forward(ids).sum().backward()  # the gradient reaches the posterior through the method
+    assert float(layer.posterior.means.grad.abs().sum()) > 0
+    sqs.greedy_(model)
+    with torch.no_grad():
+        assert torch.equal(layer._forward(ids), layer.fixed_weight[ids] * 2.0)
+        assert torch.equal(layer(3), layer.fixed_weight[:3] * 2.0)
+    with pytest.raises(AttributeError, match="reset_parameters"):  # nn.Embedding's own methods stay unreachable
+        _ = layer.reset_parameters

@@ -6,7 +6,9 @@ subclass adds. It runs the subclass's own forward instead, with the compressed w
 (sqs_core.layers.substituted_forward), as it does for nn.MultiheadAttention: the adapter is the registered one with
 ``weight_names`` giving its single parameter. (Before session 56 such layers were refused, naming
 ``register_layer_type``: BART, mBART, Pegasus and Gemma could not be prepared without excluding their embeddings.)
-A forward set on the instance (accelerate's hooks patch modules so) stays refused.
+A forward set on the instance (accelerate's hooks patch modules so) stays refused. A method such a subclass
+defines, which model code calls on the layer (ProphetNet's decoder calls its positional embedding's ``_forward``),
+runs the same way: the SQS layer answers it with a call under the substituted weight (:class:`MethodCall`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["defines_forward", "substituting"]
+__all__ = ["NOT_DEFINED", "MethodCall", "defined_below", "defines_forward", "substituting"]
 
 
 def defines_forward(module: nn.Module, registered: type) -> bool:
@@ -38,3 +40,34 @@ def substituting(adapter: Any) -> Any:
     """``adapter`` (a LayerAdapter) made to run the module's own forward with its one weight substituted."""
     names = functools.partial(_single, adapter.weight_name)  # a partial of a module-level function: it pickles
     return dataclasses.replace(adapter, forward=None, forward_no_bias=None, weight_names=names)
+
+
+NOT_DEFINED = object()
+
+
+def defined_below(module: nn.Module, registered: type | None, name: str) -> Any:
+    """The class attribute ``name`` as a class between ``type(module)`` and the ``registered`` type defines it
+    (ProphetNet's positional embedding defines ``_forward``, which its decoder calls), else ``NOT_DEFINED``."""
+    if registered is None:
+        return NOT_DEFINED
+    for cls in type(module).__mro__:
+        if cls is registered or cls is nn.Module:
+            return NOT_DEFINED
+        if name in vars(cls):
+            return vars(cls)[name]
+    return NOT_DEFINED
+
+
+class MethodCall(nn.Module):
+    """A forward that calls ``module.<method>(...)`` (or reads the property ``module.<method>``), so that
+    ``torch.func.functional_call`` runs that method with ``module``'s compressed weights substituted."""
+
+    def __init__(self, module: nn.Module, method: str, *, read: bool = False) -> None:
+        super().__init__()
+        self.module = module
+        self.method = method
+        self.read = read
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        found = getattr(self.module, self.method)
+        return found if self.read else found(*args, **kwargs)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .config import OVERRIDABLE
-from .layers import SQSLayer, compressed_names
+from .layers import SQSLayer, adapter_for, compressed_names
 
 __all__ = ["check_tied_settings", "check_ties", "declare_tie_aliases", "tensors_to_compress"]
 
@@ -37,9 +37,16 @@ def check_ties(model: nn.Module, chosen) -> None:
         for param_name, param in module._parameters.items():
             if param is not None and id(param) in owners:
                 where = f"{module_name}.{param_name}" if module_name else param_name
+                if adapter_for(module) is None:  # IBERT's QuantEmbedding: no include compresses it
+                    remedy = (
+                        f"it is a parameter of a {type(module).__name__}, a module sqs-core does not compress: exclude "
+                        f"{owners[id(param)]!r} too (or, if {type(module).__name__} is a layer, register its type: "
+                        "sqs_core.register_layer_type)"
+                    )
+                else:
+                    remedy = "compress both (include both, no skip) or neither"
                 raise ValueError(
-                    f"the weight of layer {owners[id(param)]!r} is tied to {where!r}, which is not compressed: "
-                    "compress both (include both, no skip) or neither"
+                    f"the weight of layer {owners[id(param)]!r} is tied to {where!r}, which is not compressed: {remedy}"
                 )
 
 

@@ -16,16 +16,30 @@ from __future__ import annotations
 
 import functools
 import logging
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ._adapters import (  # also the old names, which pickles of models prepared before they moved refer to
+    _attention_weights,
+    _conv,
+    _conv1d_hf,
+    _conv1d_hf_with_bias,
+    _conv_no_bias,
+    _conv_transpose,
+    _conv_transpose_with_bias,
+    _embedding,
+    _linear,
+    _linear_no_bias,
+    _recurrent_weights,
+)
+from ._experts import expert_weights, is_fused_experts
 from ._noise import output_std, weight_noise_std
-from ._subclass_forward import defines_forward, substituting
+from ._subclass_forward import NOT_DEFINED, MethodCall, defined_below, defines_forward, substituting
 from .posterior import SpikeGMMPosterior
 
 log = logging.getLogger(__name__)
@@ -67,83 +81,51 @@ class LayerAdapter:
     weight_names: Callable[[nn.Module], tuple[str, ...]] | None = None
 
 
-def _linear(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, weight, base.bias)
-
-
-def _linear_no_bias(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, weight)
-
-
-def _conv(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return base._conv_forward(x, weight, base.bias)
-
-
-def _conv_no_bias(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return base._conv_forward(x, weight, None)
-
-
-_CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
-
-
-def _conv_transpose(base: Any, x: torch.Tensor, weight: torch.Tensor, output_size=None, *, bias=None) -> torch.Tensor:
-    """nn.ConvTranspose1d/2d/3d's forward with ``weight`` (and its ``output_size`` argument)."""
-    if base.padding_mode != "zeros":
-        raise ValueError(f"Only `zeros` padding mode is supported for {type(base).__name__}")
-    dims = weight.dim() - 2
-    stride, padding, dilation = base.stride, base.padding, base.dilation
-    output_padding = base._output_padding(x, output_size, stride, padding, base.kernel_size, dims, dilation)
-    return _CONV_TRANSPOSE[dims](x, weight, bias, stride, padding, output_padding, base.groups, dilation)
-
-
-def _conv_transpose_with_bias(base: Any, x: torch.Tensor, weight: torch.Tensor, output_size=None) -> torch.Tensor:
-    return _conv_transpose(base, x, weight, output_size, bias=base.bias)
-
-
-def _conv1d_hf(base: Any, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
-    """transformers' Conv1D: y = x W + b with W of shape (in, out)."""
-    out_shape = (*x.shape[:-1], weight.shape[1])
-    flat = x.reshape(-1, x.shape[-1])
-    y = flat @ weight if bias is None else torch.addmm(bias, flat, weight)
-    return y.reshape(out_shape)
-
-
-def _conv1d_hf_with_bias(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return _conv1d_hf(base, x, weight, base.bias)
-
-
-def _embedding(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return F.embedding(x, weight, base.padding_idx, base.max_norm, base.norm_type, base.scale_grad_by_freq, base.sparse)
-
-
 def substituted_forward(name: str, base: Any, x: Any, weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     """The wrapped module's own forward (nn.MultiheadAttention's masks, ``batch_first`` and fast path; an LSTM's
     flat weights) with ``weight`` as its parameter ``name`` and, through the SQS layers nested inside ``base`` (one
     per further compressed parameter of the module), each one's :meth:`SQSLayer.forward_weight`.
     ``torch.func.functional_call`` substitutes the tensors for this call. (A submodule compressed as a layer of its
     own, such as the attention's ``out_proj``, is read through it: SQSLayer.weight.)"""
+    base, weights = _substitutes(name, base, weight)
+    return torch.func.functional_call(base, weights, (x, *args), kwargs)
+
+
+def _substitutes(name: str, base: Any, weight: torch.Tensor) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """(the innermost wrapped module, {its parameter name: the weight to compute with}) for an SQS layer that
+    compresses ``base``'s parameter ``name`` and computes with ``weight``, and for every SQS layer inside it."""
     weights = {name: weight}
     while isinstance(base, SQSLayer):
         weights[base.adapter.weight_name] = base.forward_weight()
         base = base.base_layer
-    return torch.func.functional_call(base, weights, (x, *args), kwargs)
+    return base, weights
 
 
-def _attention_weights(module: nn.Module) -> tuple[str, ...]:
-    """nn.MultiheadAttention's projection weights: one (3E, E) ``in_proj_weight``, or three when kdim/vdim ≠ E."""
-    if module._qkv_same_embed_dim:
-        return ("in_proj_weight",)
-    return ("q_proj_weight", "k_proj_weight", "v_proj_weight")
+def _call_substituted(layer: SQSLayer, method: str, read: bool, *args: Any, **kwargs: Any) -> Any:
+    """The wrapped module's own ``method`` called (or property read) with the layer's weights substituted."""
+    base, weights = _substitutes(layer.adapter.weight_name, layer.base_layer, layer.forward_weight())
+    call = MethodCall(base, method, read=read)
+    return torch.func.functional_call(call, {f"module.{k}": w for k, w in weights.items()}, args, kwargs)
 
 
-def _recurrent_weights(module: nn.Module) -> tuple[str, ...]:
-    """nn.RNN/LSTM/GRU's weight matrices (``weight_ih_l0``, ``weight_hh_l0``, an LSTM's ``weight_hr_l0``, the
-    ``_reverse`` ones), not the biases."""
-    names: list[str] = module._flat_weights_names  # type: ignore[assignment]  # RNNBase's list of names
-    return tuple(name for name in names if name.startswith("weight_"))
+def _subclass_attribute(layer: SQSLayer, name: str) -> Any:
+    """``layer.name`` for an attribute a subclass of the registered type defines (sqs_core._subclass_forward): a
+    method runs, a property is read, with the compressed weights substituted; a static or class method or a
+    constant is the subclass's own. ``NOT_DEFINED`` for any other name."""
+    base = layer.base_layer
+    while isinstance(base, SQSLayer):
+        base = base.base_layer
+    found = defined_below(base, _registered_type(base), name)
+    if found is NOT_DEFINED or name == "forward":
+        return NOT_DEFINED
+    if isinstance(found, (types.FunctionType, property)):
+        if isinstance(found, property):
+            return _call_substituted(layer, name, True)
+        return functools.partial(_call_substituted, layer, name, False)
+    return getattr(base, name)
 
 
-# module-level functions, not lambdas, so that a prepared model pickles (torch.save(model))
+# module-level functions (sqs_core._adapters), not lambdas, so that a prepared model pickles (torch.save(model))
 _REGISTRY: dict[type, LayerAdapter] = {
     nn.Linear: LayerAdapter(forward=_linear, forward_no_bias=_linear_no_bias),
     nn.Embedding: LayerAdapter(forward=_embedding, forward_no_bias=_embedding, square_input=False),
@@ -162,6 +144,7 @@ _REGISTRY[nn.RNNBase] = LayerAdapter(  # nn.RNN, nn.LSTM, nn.GRU
     forward=None, forward_no_bias=None, weight_names=_recurrent_weights, passes=frozenset({"flatten_parameters"})
 )
 _HF_CONV1D = LayerAdapter(forward=_conv1d_hf_with_bias, forward_no_bias=_conv1d_hf)
+_HF_EXPERTS = LayerAdapter(forward=None, forward_no_bias=None, weight_names=expert_weights)  # sqs_core._experts
 
 
 def register_layer_type(layer_type: type, adapter: LayerAdapter) -> None:
@@ -210,7 +193,7 @@ def adapter_for(module: nn.Module) -> LayerAdapter | None:
         return None
     found = _registered_type(module)
     if found is None:
-        return None
+        return _HF_EXPERTS if is_fused_experts(module) else None
     adapter = _REGISTRY.get(found, _HF_CONV1D)
     if adapter.weight_names is None and defines_forward(module, found):
         return substituting(adapter)  # a subclass's own forward runs, with the weight substituted
@@ -219,7 +202,8 @@ def adapter_for(module: nn.Module) -> LayerAdapter | None:
 
 def _registered_type(module: nn.Module) -> type | None:
     """The class in ``module``'s MRO whose adapter it gets: the first registered one, else transformers'
-    Conv1D (exactly that class, recognised without importing transformers), else None."""
+    Conv1D (exactly that class, recognised without importing transformers), else None (adapter_for then
+    recognises transformers' fused MoE experts, sqs_core._experts)."""
     for cls in type(module).__mro__:
         if cls in _REGISTRY:
             return cls
@@ -314,12 +298,16 @@ class SQSLayer(nn.Module):
     def __getattr__(self, name: str) -> Any:
         """nn.Module's lookup (parameters, buffers, submodules), then the wrapped module's data attributes
         (``in_features``, ``out_channels``, ``padding_idx``, ``nf``, a registered type's own parameters), so that
-        model code reading them runs after ``prepare_``; not its methods, which act on the weight it no longer has."""
+        model code reading them runs after ``prepare_``; not its methods, which act on the weight it no longer has,
+        except those a subclass of the registered type defines, which run with the compressed weight substituted."""
         try:
             return super().__getattr__(name)
         except AttributeError:
             if name == _compressed_name(self) and name != "weight":  # layer.in_proj_weight: what it computes with
                 return self.weight
+            found = _subclass_attribute(self, name)
+            if found is not NOT_DEFINED:
+                return found
             base = _passes_to(self, name)
             if base is None:
                 raise

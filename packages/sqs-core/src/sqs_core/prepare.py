@@ -17,6 +17,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ._checks import all_finite, check_flag
+from ._coverage import dense_weights, log_dense_weights
+from ._experts import EXPERT_PARALLEL_HINT, is_expert_parallel
 from ._ties import check_tied_settings, check_ties, declare_tie_aliases, tensors_to_compress
 from .config import SQSConfig
 from .layers import SQSLayer, adapter_for, compressed_names, own_forward, parameter_adapter
@@ -97,6 +99,9 @@ def _select(model: nn.Module, config: SQSConfig):
         if not params or not all(isinstance(getattr(module, n, None), torch.Tensor) for n in params):
             log.info("prepare_: %r has no tensor %s to compress: left as it is", refs[id(module)][0][2], params)
             continue
+        if all(_is_empty(getattr(module, n)) for n in params):  # MobileBERT's head when hidden = embedding size
+            log.info("prepare_: %r has only empty tensors %s: left as it is", refs[id(module)][0][2], params)
+            continue
         seen.add(id(module))
         eligible.append((refs[id(module)][0][2], module))
     root = type(model).__name__
@@ -157,6 +162,7 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     check_ties(model, chosen)
     check_tied_settings(chosen)
     wrappers, created, shared = _wrap(chosen, torch.Generator().manual_seed(config.seed))
+    dense = dense_weights(model)
     frozen = [name for name, module, _ in chosen if not all(w.requires_grad for w in tensors_to_compress(module))]
     for module, wrapper in wrappers:  # mutate only once everything above succeeded
         for attr in compressed_names(module):
@@ -167,8 +173,15 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     declare_tie_aliases(model)
     setattr(model, _MARK, config)
     _log_prepared(len(created), shared)
+    log_dense_weights(dense)
     _log_frozen(frozen)
     return model
+
+
+def _is_empty(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds no element (a lazy module's uninitialised parameter is not known to: _check_weight
+    refuses it)."""
+    return not nn.parameter.is_lazy(tensor) and tensor.numel() == 0
 
 
 def _check_named(name: str, module: nn.Module, params: tuple[str, ...]) -> None:
@@ -226,6 +239,8 @@ def _log_frozen(names: list[str]) -> None:
 
 def _check_weights(name: str, module: nn.Module) -> None:
     """A clear ValueError, before anything changes, for a module whose weights SQS cannot take over."""
+    if is_expert_parallel(module):
+        raise ValueError(f"layer {name!r} ({type(module).__name__}) {EXPERT_PARALLEL_HINT}")
     for attr in compressed_names(module):
         _check_weight(name if attr == "weight" else f"{name}.{attr}", module, attr)
     _check_forward(name, module)
