@@ -9,6 +9,7 @@ nox -s theory           the quick tier of the convergence study, into build/theo
                         python -m sqs_theory docs to refresh docs/theory.md)
 nox -s bench            the default benchmark suite (-- --suite cifar10 for everything)
 nox -s vision           sqs-core on 34 torchvision and timm architectures (torch 2.14.1 + torchvision; ~9 min)
+nox -s architectures    sqs-core on 118 of transformers' model types from small configs (~5 min)
 nox -s llm_step         one training step of SmolLM2-135M: plain, SQS eager, SQS compiled (~10 min; appends to
                         docs/results/llm_step_smollm2.jsonl; -- any bench_llm_step.py arguments instead)
 """
@@ -115,6 +116,15 @@ def vision(session: nox.Session) -> None:
     session.install("--no-deps", "-e", CORE)  # keeps that torch
     session.install("safetensors>=0.4")
     _pytest(session, "tests/vision")
+
+
+@nox.session
+def architectures(session: nox.Session) -> None:
+    """sqs-core on 118 of transformers' model types built from small configs (tests/architectures; not in `tests`,
+    to keep CI short: about 5 minutes here)."""
+    _install_core(session)
+    session.install(TRANSFORMERS, *TEST_TOOLS)
+    _pytest(session, "tests/architectures")
 
 
 @nox.session(name="llm_step")

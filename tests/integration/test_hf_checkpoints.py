@@ -23,7 +23,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the integration environment installs transformers")
 from safetensors.torch import load_file  # noqa: E402
-from test_transformers import _train  # noqa: E402
+from short_training import train_with_schedule as _train  # noqa: E402
 
 STEPS = 6
 

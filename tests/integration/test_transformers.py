@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers", reason="the integration environment installs transformers")
+from short_training import train_with_schedule as _train  # noqa: E402
 from transformers.pytorch_utils import Conv1D  # noqa: E402
 
 SENTENCES = [
@@ -43,22 +44,6 @@ def _gpt2(seed: int = 0):
         vocab_size=101, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
     )
     return transformers.GPT2LMHeadModel(config).eval(), config
-
-
-def _train(model, steps: int, loss_of, num_data: int, nonzero: float = 1.0) -> list[float]:
-    """``steps`` AdamW steps of Ω_apx, the cubic pruning schedule ramping to ``nonzero``, as the README trains."""
-    objective = sqs.Objective(model, num_data=num_data)
-    opt = torch.optim.AdamW(sqs.param_groups(model, gate_lr=1e-4))  # the rate for pretrained networks
-    pruning = sqs.PruningSchedule(model, target_nonzero=nonzero, total_steps=steps)
-    losses = []
-    for step in range(steps):
-        pruning.step(step)
-        loss = objective(loss_of(model))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
 
 
 def test_gpt2_real_conv1d_layers_and_tied_head_round_trip(tmp_path):

@@ -19,7 +19,7 @@ import sqs_core as sqs
 import torch
 
 transformers = pytest.importorskip("transformers", reason="the integration environment installs transformers")
-from test_transformers import _train  # noqa: E402
+from short_training import train_with_schedule as _train  # noqa: E402
 
 SMALL = dict(
     vocab_size=101,

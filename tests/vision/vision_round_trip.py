@@ -6,23 +6,15 @@ import pytest
 import sqs_core as sqs
 import torch
 import torch.nn.functional as F
+from short_training import train_with_schedule
 
 
 def train_and_round_trip(tmp_path, make, side: int, config: sqs.SQSConfig) -> None:
     """prepare → two AdamW steps with the pruning schedule → greedy → save → load into ``make()`` → average."""
     model = sqs.prepare_(make(), config)
     x, y = torch.randn(4, 3, side, side), torch.randint(0, 10, (4,))
-    objective = sqs.Objective(model, num_data=1_000)
-    optimizer = torch.optim.AdamW(sqs.param_groups(model, gate_lr=1e-4))
-    pruning = sqs.PruningSchedule(model, target_nonzero=0.5, total_steps=2)
     model.train()
-    for step in range(2):
-        pruning.step(step)
-        loss = objective(F.cross_entropy(model(x), y))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        assert torch.isfinite(loss)
+    train_with_schedule(model, 2, lambda m: F.cross_entropy(m(x), y), num_data=1_000, nonzero=0.5)
     model.eval()
     sqs.greedy_(model, nonzero=0.5)
     sqs.save(model, tmp_path / "m.sqs", nonzero=0.5)
