@@ -326,6 +326,8 @@ def test_an_empty_layer_is_left_as_it_is_and_a_model_of_empty_layers_is_refused(
     plain = sqs.load(tmp_path / "m.sqs", WithEmptyLayer())
     with torch.no_grad():
         assert torch.equal(plain(X[:, :4]), model(X[:, :4]))
+    excluded = sqs.prepare_(WithEmptyLayer(), sqs.SQSConfig(num_components=4, exclude=("empty",)))  # the old advice
+    assert sorted(sqs.sqs_layers(excluded)) == ["full"]
     only_empty = nn.Sequential(nn.Linear(0, 3))
     with pytest.raises(ValueError, match="has no layer SQS can compress"):
         sqs.prepare_(only_empty)

@@ -90,20 +90,22 @@ def _select(model: nn.Module, config: SQSConfig):
     """(canonical name, module, layer config) of every layer to compress; validates the patterns."""
     refs = _references(model)
     eligible: list[tuple[str, nn.Module]] = []
+    left: list[str] = []  # layers of a known type with nothing to compress: a pattern may still name them
     seen: set[int] = set()
     for _, module in model.named_modules(remove_duplicate=False):
         if id(module) in seen or module is model or adapter_for(module) is None:
             continue
-        params = compressed_names(module)
-        _check_named(refs[id(module)][0][2], module, params)
-        if not params or not all(isinstance(getattr(module, n, None), torch.Tensor) for n in params):
-            log.info("prepare_: %r has no tensor %s to compress: left as it is", refs[id(module)][0][2], params)
-            continue
-        if all(_is_empty(getattr(module, n)) for n in params):  # MobileBERT's head when hidden = embedding size
-            log.info("prepare_: %r has only empty tensors %s: left as it is", refs[id(module)][0][2], params)
-            continue
         seen.add(id(module))
-        eligible.append((refs[id(module)][0][2], module))
+        name, params = refs[id(module)][0][2], compressed_names(module)
+        _check_named(name, module, params)
+        if not params or not all(isinstance(getattr(module, n, None), torch.Tensor) for n in params):
+            log.info("prepare_: %r has no tensor %s to compress: left as it is", name, params)
+        elif all(_is_empty(getattr(module, n)) for n in params):  # MobileBERT's head when hidden = embedding size
+            log.info("prepare_: %r has only empty tensors %s: left as it is", name, params)
+        else:
+            eligible.append((name, module))
+            continue
+        left.append(name)
     root = type(model).__name__
     a_root = f"{'an' if root[:1] in 'AEIOU' else 'a'} {root}"
     if adapter_for(model) is not None:  # a layer swaps in place only inside a parent that holds it
@@ -120,13 +122,7 @@ def _select(model: nn.Module, config: SQSConfig):
     if not eligible:
         raise ValueError(f"model {root} has no layer SQS can compress (Linear, Conv, ...)")
     names = [n for n, _ in eligible]
-    for kind, patterns in (("include", config.include), ("exclude", config.exclude)):
-        for p in patterns:
-            if not any(re.search(p, n) for n in names):
-                raise ValueError(f"{kind} pattern {p!r} names no eligible layer; eligible: {names}")
-    for p in config.overrides:
-        if not any(re.search(p, n) for n in names):
-            raise ValueError(f"override pattern {p!r} names no eligible layer; eligible: {names}")
+    _check_patterns(config, names, left)
     chosen = []
     for name, module in eligible:
         if config.include and not any(re.search(p, name) for p in config.include):
@@ -176,6 +172,15 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     log_dense_weights(dense)
     _log_frozen(frozen)
     return model
+
+
+def _check_patterns(config: SQSConfig, names: list[str], left: list[str]) -> None:
+    """A ValueError for an include / exclude / override pattern that names no layer (``left``: layers of a known
+    type with nothing to compress, which an exclude written for them may name)."""
+    for kind, patterns in (("include", config.include), ("exclude", config.exclude), ("override", config.overrides)):
+        for p in patterns:
+            if not any(re.search(p, n) for n in names + left):
+                raise ValueError(f"{kind} pattern {p!r} names no eligible layer; eligible: {names}")
 
 
 def _is_empty(tensor: torch.Tensor) -> bool:
