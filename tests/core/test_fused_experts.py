@@ -114,3 +114,30 @@ def test_expert_parallel_experts_are_refused_and_nothing_changes():
     with pytest.raises(ValueError, match=r"layer 'experts' \(FusedExperts\) is expert-parallel"):
         sqs.prepare_(model)
     assert not sqs.is_prepared(model) and isinstance(model.experts.down_proj, nn.Parameter)
+
+
+class UnmarkedExperts(FusedExperts):
+    """Experts without transformers' decorator flags (Llama-4's, JetMoE's): registered by the user."""
+
+    def __init__(self):
+        super().__init__(bias=False, flags=False)
+
+
+class UnmarkedMoE(MoE):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.experts = UnmarkedExperts()
+
+
+def test_unmarked_experts_register_with_the_public_expert_weights(tmp_path):
+    sqs.register_layer_type(UnmarkedExperts, sqs.LayerAdapter(None, None, weight_names=sqs.expert_weights))
+    model = sqs.prepare_(UnmarkedMoE(), sqs.SQSConfig(num_components=4))
+    assert {"experts.gate_up_proj", "experts.down_proj"} <= set(sqs.posteriors(model, by_tensor=True))
+    x, _ = _batch()
+    model.eval()
+    sqs.greedy_(model)
+    sqs.save(model, tmp_path / "m.sqs")
+    plain = sqs.load(tmp_path / "m.sqs", UnmarkedMoE().eval())
+    with torch.no_grad():
+        assert torch.equal(plain(x), model(x)) and torch.equal(copy.deepcopy(model)(x), model(x))

@@ -5,6 +5,7 @@ A model is compressed in place with :func:`prepare_`, trained with the user's ow
 :class:`BayesianAverage`. See README.md and docs/ for the method and the paper's equations.
 """
 
+from ._experts import expert_weights
 from .artifact import load, load_bayesian_average, save, upgrade
 from .config import CONFIG_VERSION, GaussianPrior, SpikeSlabPrior, SQSConfig
 from .discrete import DiscretePosterior
@@ -35,6 +36,7 @@ __all__ = [
     "SpikeSlabPrior",
     "compression_report",
     "discrete_posteriors",
+    "expert_weights",
     "greedy_",
     "is_prepared",
     "keep_top_fraction",

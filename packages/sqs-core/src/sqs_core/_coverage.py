@@ -63,7 +63,8 @@ def log_dense_weights(found: DenseWeights) -> None:
         "prepare_: %.1f%% of the model's weights (%d of %d, in parameters of 2+ dimensions) stay dense in modules of "
         "types sqs-core does not compress: %s. To compress one, register its type: sqs_core.register_layer_type("
         "Type, sqs_core.LayerAdapter(None, None, weight_names=names_of)), names_of(module) giving the parameters "
-        "(a module-level function, so that the model pickles); its own forward then runs with them compressed",
+        "(a module-level function, so that the model pickles; sqs_core.expert_weights names a module's 3-D "
+        "parameters, stacked experts); its own forward then runs with them compressed",
         100 * share,
         left,
         total,

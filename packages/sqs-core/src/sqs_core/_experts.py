@@ -28,7 +28,10 @@ EXPERT_PARALLEL_HINT = (
 
 
 def expert_weights(module: nn.Module) -> tuple[str, ...]:
-    """The stacked per-expert weight matrices of a fused experts module: its own parameters of three dimensions."""
+    """The stacked per-expert weight matrices of a fused experts module: its own parameters of three dimensions.
+    Public as ``sqs_core.expert_weights``, the ``weight_names`` to register an experts type that transformers'
+    decorator does not mark (Llama-4's ``Llama4TextExperts``, JetMoE's ``JetMoeParallelExperts``):
+    ``register_layer_type(T, LayerAdapter(None, None, weight_names=sqs_core.expert_weights))``."""
     return tuple(name for name, p in module._parameters.items() if p is not None and p.dim() == 3)
 
 
