@@ -12,30 +12,9 @@ import sqs_core as sqs
 import torch
 import torch.nn.functional as F
 from torch import nn
+from toy_models import FusedExperts
 
 E, H, N = 4, 8, 6  # experts, hidden, intermediate
-
-
-class FusedExperts(nn.Module):
-    """As transformers' ``@use_experts_implementation`` experts: stacked weights, the decorator's four flags."""
-
-    def __init__(self, bias=False, flags=True):
-        super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.randn(E, 2 * N, H) / H**0.5)
-        self.down_proj = nn.Parameter(torch.randn(E, H, N) / N**0.5)
-        if bias:
-            self.gate_up_proj_bias = nn.Parameter(torch.randn(E, 2 * N) / 10)
-        if flags:
-            self.has_gate, self.has_bias, self.is_transposed, self.is_concatenated = True, bias, False, True
-            self._is_expert_parallel = False
-        self.bias = bias
-
-    def forward(self, h, expert):  # h: (rows, H); expert: (rows,) the one expert each row goes to
-        up = torch.einsum("nh,noh->no", h, self.gate_up_proj[expert])
-        if self.bias:
-            up = up + self.gate_up_proj_bias[expert]
-        gate, up = up.chunk(2, dim=-1)
-        return torch.einsum("ni,nhi->nh", F.silu(gate) * up, self.down_proj[expert])
 
 
 class MoE(nn.Module):
@@ -43,7 +22,7 @@ class MoE(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.router = nn.Linear(H, E)
-        self.experts = FusedExperts(bias, flags)
+        self.experts = FusedExperts(H, N, E, with_bias=bias, flags=flags)
         self.head = nn.Linear(H, 3)
 
     def forward(self, x):
@@ -120,7 +99,7 @@ class UnmarkedExperts(FusedExperts):
     """Experts without transformers' decorator flags (Llama-4's, JetMoE's): registered by the user."""
 
     def __init__(self):
-        super().__init__(bias=False, flags=False)
+        super().__init__(H, N, E, flags=False)
 
 
 class UnmarkedMoE(MoE):

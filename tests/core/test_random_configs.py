@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sqs_core.layers import SQSLayer
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from toy_models import Conv1D
+from toy_models import Conv1D, FusedExperts
 
 KINDS = ["mlp", "conv", "embedding", "lstm", "gru", "rnn", "attention", "transposed", "transposed2d", "conv3d"]
 KINDS += ["tied", "reused", "custom", "gpt_conv1d", "scaled_tied", "experts"]
@@ -60,7 +60,7 @@ class _Net(nn.Module):
             "custom": lambda: Scaled(12, 16),  # a user's layer type, registered with an adapter
             "gpt_conv1d": lambda: Conv1D(16, 12),  # transformers' Conv1D contract, on a sequence
             "scaled_tied": lambda: ScaledEmbedding(20, 16),  # Gemma's: a subclass with its own forward
-            "experts": lambda: FusedExperts(16, 3),  # transformers' fused MoE experts: two 3-D weights
+            "experts": lambda: FusedExperts(16, 16, 3),  # transformers' fused MoE experts: two 3-D weights
         }[kind]()
         self.head = nn.Linear(16, 20 if kind in TIED else 5)
         if kind in TIED:
@@ -120,21 +120,6 @@ class ScaledEmbedding(nn.Embedding):
 
     def forward(self, ids):
         return super().forward(ids) * self.embedding_dim**0.5
-
-
-class FusedExperts(nn.Module):
-    """transformers' fused MoE experts (its experts decorator's four flags): stacked weights, top-1 routing."""
-
-    def __init__(self, width, experts):
-        super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.randn(experts, 2 * width, width) / width**0.5)
-        self.down_proj = nn.Parameter(torch.randn(experts, width, width) / width**0.5)
-        self.has_gate, self.has_bias, self.is_transposed, self.is_concatenated = True, False, False, True
-
-    def forward(self, x):
-        expert = x[:, : self.gate_up_proj.shape[0]].argmax(-1)  # a fixed routing: the weights' gradients only
-        gate, up = torch.einsum("nh,noh->no", x, self.gate_up_proj[expert]).chunk(2, dim=-1)
-        return torch.einsum("ni,nhi->nh", F.silu(gate) * up, self.down_proj[expert])
 
 
 def _scaled(base, x, weight):

@@ -111,3 +111,30 @@ MODELS = {
     "attention": attention,
     "recurrent": Recurrent,
 }
+
+
+class FusedExperts(nn.Module):
+    """As transformers' ``@use_experts_implementation`` experts: stacked weights ``gate_up_proj`` (experts,
+    2·inner, width) and ``down_proj`` (experts, width, inner), the decorator's four flags (``flags=False``: a type it
+    does not mark, Llama-4's), a gpt-oss 2-D per-expert bias with ``with_bias``; top-1 routing, given or (``expert``
+    None) a fixed one from the input's first entries."""
+
+    def __init__(self, width: int, inner: int, experts: int, *, with_bias: bool = False, flags: bool = True) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.randn(experts, 2 * inner, width) / width**0.5)
+        self.down_proj = nn.Parameter(torch.randn(experts, width, inner) / inner**0.5)
+        if with_bias:
+            self.gate_up_proj_bias = nn.Parameter(torch.randn(experts, 2 * inner) / 10)
+        if flags:
+            self.has_gate, self.has_bias, self.is_transposed, self.is_concatenated = True, with_bias, False, True
+            self._is_expert_parallel = False
+        self.with_bias = with_bias
+
+    def forward(self, h, expert=None):  # h: (rows, width); expert: (rows,) the one expert each row goes to
+        if expert is None:
+            expert = h[:, : self.gate_up_proj.shape[0]].argmax(-1)
+        up = torch.einsum("nh,noh->no", h, self.gate_up_proj[expert])
+        if self.with_bias:
+            up = up + self.gate_up_proj_bias[expert]
+        gate, up = up.chunk(2, dim=-1)
+        return torch.einsum("ni,nhi->nh", torch.nn.functional.silu(gate) * up, self.down_proj[expert])

@@ -248,9 +248,16 @@ def test_gpt2_with_gradient_checkpointing_gets_the_gradients_without_it(likeliho
     moment-matched noise from the restored RNG): the same gradients, every parameter, as without it (float64)."""
     model = _gpt2()[0].double()
     sqs.prepare_(model, sqs.SQSConfig(num_components=4, likelihood=likelihood))
+    ids = torch.randint(0, 101, (3, 12), generator=torch.Generator().manual_seed(1))
+    assert_checkpointing_keeps_the_gradients(model, ids, use_reentrant)
+
+
+def assert_checkpointing_keeps_the_gradients(model, ids, use_reentrant: bool, rtol=1e-9, atol=1e-15) -> None:
+    """A prepared language model and its copy with ``gradient_checkpointing_enable``: the same gradients of Ω_apx on
+    ``ids``, every parameter, the same dropout and noise draws (one seed before each forward); the default
+    tolerances are float64's."""
     checkpointed = copy.deepcopy(model)
     checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
-    ids = torch.randint(0, 101, (3, 12), generator=torch.Generator().manual_seed(1))
     grads = []
     for m in (model, checkpointed):
         m.train()
@@ -259,4 +266,4 @@ def test_gpt2_with_gradient_checkpointing_gets_the_gradients_without_it(likeliho
         grads.append({n: p.grad for n, p in m.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) == len(list(model.parameters()))
     for name, grad in grads[0].items():
-        torch.testing.assert_close(grads[1][name], grad, rtol=1e-9, atol=1e-15, msg=name)
+        torch.testing.assert_close(grads[1][name], grad, rtol=rtol, atol=atol, msg=name)

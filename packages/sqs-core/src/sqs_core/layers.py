@@ -118,9 +118,9 @@ def _subclass_attribute(layer: SQSLayer, name: str) -> Any:
     found = defined_below(base, _registered_type(base), name)
     if found is NOT_DEFINED or name == "forward":
         return NOT_DEFINED
-    if isinstance(found, (types.FunctionType, property)):
-        if isinstance(found, property):
-            return _call_substituted(layer, name, True)
+    if isinstance(found, property):
+        return _call_substituted(layer, name, True)
+    if isinstance(found, types.FunctionType):
         return functools.partial(_call_substituted, layer, name, False)
     return getattr(base, name)
 
