@@ -1,10 +1,11 @@
 """sqs-core on ~130 of transformers' model types, each built from a small config (random weights, offline).
 
-Every type goes through prepare → two AdamW steps of Ω_apx with the pruning schedule → greedy → ``sqs.save`` →
-``sqs.load`` into a fresh plain model (the same outputs, bit for bit) → Bayesian averaging → ``save_pretrained``
-→ ``load_state_dict`` into a model prepared the same way (the same outputs). Session 57's probe of this kind found
-four failures (MoE experts left dense, ProphetNet's ``_forward``, MobileBERT's empty layer, IBERT's tie message);
-this keeps the check standing for new transformers releases. Its own nox session (``nox -s architectures``, about
+Every type goes through prepare → ``tie_weights()`` (changing nothing) → two AdamW steps of Ω_apx with the pruning
+schedule → greedy → ``sqs.save`` → ``sqs.load`` into a fresh plain model (the same outputs, bit for bit) → Bayesian
+averaging → ``save_pretrained`` → ``load_state_dict`` into a model prepared the same way (the same outputs).
+Session 57's probe of this kind found four failures (MoE experts left dense, ProphetNet's ``_forward``, MobileBERT's
+empty layer, IBERT's tie message), session 58 a fifth (``tie_weights()`` after prepare_); this keeps the check
+standing for new transformers releases. Its own nox session (``nox -s architectures``, about
 5 minutes here), not part of ``nox -s tests``.
 """
 
@@ -262,6 +263,9 @@ def test_architecture_trains_and_round_trips(tmp_path, model_type, caplog):
     with caplog.at_level(logging.WARNING, logger="sqs_core"):
         sqs.prepare_(model, config)
     _check_dense_warning(model_type, caplog)
+    state = model.state_dict(keep_vars=True)
+    model.tie_weights()  # changes nothing: the ties a posterior holds are retired from the model's declarations
+    assert all(model.state_dict(keep_vars=True)[key] is tensor for key, tensor in state.items())
     model.train()
     train_with_schedule(model, 2, lambda m: _output(m(**batch)).float().pow(2).mean(), num_data=1_000, nonzero=0.5)
     model.eval()

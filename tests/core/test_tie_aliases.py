@@ -5,6 +5,7 @@ back with ``strict=False`` restores the whole model, the tie included (tests/int
 transformers code)."""
 
 import re
+from typing import ClassVar
 
 import pytest
 import sqs_core as sqs
@@ -131,3 +132,59 @@ def test_nested_layers_declare_each_alias_once_and_keep_the_first_name():
     fresh.load_state_dict({k: v.clone() for k, v in state.items()}, strict=False)
     x = torch.randn(3, 2, 4)
     torch.testing.assert_close(fresh.eval()(x), model.eval()(x), rtol=0, atol=0)
+
+
+class DeclaresTies(nn.Module):
+    """transformers' protocol for declaring ties (``PreTrainedModel``): ``_tied_weights_keys`` {target: source},
+    expanded on demand by ``get_expanded_tied_weights_keys``, gathered at construction in ``all_tied_weights_keys``,
+    and ``tie_weights()`` re-tying each pair with setattr. Here a compressed tie (head → embed) and, with
+    ``exclude``, a tie between two layers left dense (side → body)."""
+
+    _tied_weights_keys: ClassVar[dict[str, str]] = {"head.weight": "embed.weight", "side.weight": "body.weight"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.body = nn.Embedding(40, 16), nn.Linear(16, 16)
+        self.head, self.side = nn.Linear(16, 40, bias=False), nn.Linear(16, 16)
+        self.tie_weights()
+        self.all_tied_weights_keys = self.get_expanded_tied_weights_keys(all_submodels=False)
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        names = dict(self.named_parameters(remove_duplicate=False))
+        for target, source in self._tied_weights_keys.items():
+            if target not in names or source not in names:  # as transformers refuses a pattern matching nothing
+                raise ValueError(f"no tensor to tie for {source}:{target}")
+        return dict(self._tied_weights_keys)
+
+    def tie_weights(self) -> None:
+        for target, source in self.get_expanded_tied_weights_keys().items():
+            parent, name = target.rsplit(".", 1)
+            setattr(self.get_submodule(parent), name, self.get_parameter(source))
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.side(self.body(self.embed(tokens)))))
+
+
+def test_ties_a_posterior_holds_are_retired_from_the_models_declarations():
+    """transformers' ``tie_weights()`` failed after prepare_ on the tie's vanished ``embed.weight``; the declaration
+    of a tie the posterior holds is retired (tests/integration runs it on six real architectures), one left dense
+    is kept and still re-ties."""
+    torch.manual_seed(0)
+    model = sqs.prepare_(DeclaresTies(), sqs.SQSConfig(num_components=4, exclude=(r"^(body|side)$",)))
+    assert model.head.posterior is model.embed.posterior
+    kept = {"side.weight": "body.weight"}
+    assert model._tied_weights_keys == kept and model.all_tied_weights_keys == kept
+    assert DeclaresTies._tied_weights_keys["head.weight"] == "embed.weight"  # the class keeps its own
+    model.side.weight = nn.Parameter(model.side.weight.detach().clone())
+    state = model.state_dict(keep_vars=True)
+    model.tie_weights()
+    assert model.side.weight is model.body.weight
+    assert all(model.state_dict(keep_vars=True)[key] is value for key, value in state.items() if "side" not in key)
+
+
+def test_a_declaration_that_cannot_be_expanded_is_left_as_it_is():
+    torch.manual_seed(0)
+    model = DeclaresTies()
+    model._tied_weights_keys = {"missing.weight": "embed.weight"}
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4))
+    assert model._tied_weights_keys == {"missing.weight": "embed.weight"}

@@ -111,6 +111,44 @@ def test_save_pretrained_of_a_prepared_tied_model_loads_back_whole(tmp_path, nam
         assert torch.equal(plain(**batch).logits, model(**batch).logits)
 
 
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_tie_weights_after_prepare_keeps_the_shared_posteriors(tmp_path, name):
+    """transformers' ``tie_weights()`` (a user's, ``init_weights``', a library's after loading) failed after prepare_
+    on every tied model ("``transformer.wte.weight`` is neither a parameter, buffer, nor extra state"): prepare_ now
+    retires the declarations of the ties its shared posteriors hold, so tying again changes nothing."""
+    make = ARCHITECTURES[name]
+    model = _prepared(make, 0)
+    batch = {"input_ids": torch.randint(3, 97, (2, 10), generator=torch.Generator().manual_seed(1))}
+    batch["labels"] = batch["input_ids"].clone()
+    state = model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        logits = model(**batch).logits
+    model.tie_weights()
+    model.tie_weights(recompute_mapping=False)  # init_weights' call, from the mapping gathered at construction
+    after = model.state_dict(keep_vars=True)
+    assert after.keys() == state.keys() and all(after[key] is tensor for key, tensor in state.items())
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, logits)
+    model.save_pretrained(tmp_path)
+    fresh = _prepared(make, 1)
+    fresh.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=False)
+    with torch.no_grad():
+        assert torch.equal(fresh(**batch).logits, logits)
+
+
+def test_a_tie_left_dense_keeps_its_declaration():
+    """Only ties that a posterior holds are retired: with both tied layers excluded, ``tie_weights()`` still ties
+    GPT-2's head to its embedding as transformers declares it."""
+    torch.manual_seed(0)
+    model = ARCHITECTURES["gpt2"]().eval()
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4, exclude=(r"lm_head", r"transformer\.wte")))
+    assert "_tied_weights_keys" not in model.__dict__
+    assert model.all_tied_weights_keys == {"lm_head.weight": "transformer.wte.weight"}
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # untie by hand
+    model.tie_weights()
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
 def test_sharded_save_pretrained_loads_back_whole(tmp_path):
     """Shards of a few kilobytes (posteriors split across files): transformers' own sharded loader restores all."""
     from transformers.trainer_utils import load_sharded_checkpoint

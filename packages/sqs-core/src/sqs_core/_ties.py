@@ -3,11 +3,13 @@
 Before anything changes, a tie to a module left dense and a tie whose layers the overrides configure differently
 are refused. After, every state entry that is another entry's tensor under a second name (a tie's shared posterior
 on its later layers, a wrapped module's tied bias) is declared as an alias on its SQS layer
-(:func:`declare_tie_aliases`), the way a Hugging Face model declares its tied head.
+(:func:`declare_tie_aliases`), the way a Hugging Face model declares its tied head, and the model's own declarations
+of the ties now held by a shared posterior are retired (:func:`retire_absorbed_ties`).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, cast
 
@@ -17,7 +19,16 @@ from torch import nn
 from .config import OVERRIDABLE
 from .layers import SQSLayer, adapter_for, compressed_names
 
-__all__ = ["check_tied_settings", "check_ties", "declare_tie_aliases", "tensors_to_compress"]
+__all__ = [
+    "check_tied_settings",
+    "check_ties",
+    "declare_tie_aliases",
+    "declared_ties",
+    "retire_absorbed_ties",
+    "tensors_to_compress",
+]
+
+log = logging.getLogger("sqs_core.prepare")
 
 
 def tensors_to_compress(module: nn.Module) -> list[torch.Tensor]:
@@ -103,3 +114,43 @@ def _innermost_layer(key: str, layers: dict[str, SQSLayer]) -> str | None:
         if prefix in layers:
             return prefix
     return None
+
+
+def declared_ties(model: nn.Module) -> list[tuple[nn.Module, dict[str, str]]]:
+    """Each module of ``model`` that declares ties as a Hugging Face ``PreTrainedModel`` does (a
+    ``get_expanded_tied_weights_keys`` method; recognised by that contract, as Conv1D is, without importing
+    transformers), with its expanded ``{target: source}`` map of tensor names, read before ``prepare_`` changes
+    anything (the map's patterns may match nothing after)."""
+    found = []
+    for module in model.modules():
+        expand = getattr(module, "get_expanded_tied_weights_keys", None)
+        if isinstance(module, SQSLayer) or not callable(expand):
+            continue
+        try:
+            expanded = expand(all_submodels=False)
+        except (TypeError, ValueError) as error:  # not transformers' method, or a declaration it cannot expand
+            log.debug("tie declarations of a %s left as they are: %s", type(module).__name__, error)
+            continue
+        if isinstance(expanded, dict) and expanded:
+            found.append((module, dict(expanded)))
+    return found
+
+
+def retire_absorbed_ties(declared: list[tuple[nn.Module, dict[str, str]]]) -> None:
+    """Drop, from each module's tie declarations, the ties whose tensors ``prepare_`` replaced by one shared posterior
+    (both names are gone: ``lm_head.weight`` -> ``transformer.wte.weight`` became one posterior in both SQS layers).
+
+    transformers' ``tie_weights()`` (called by users, by ``init_weights`` and by libraries after loading) re-ties
+    every declared pair with ``setattr(parent, name, source)`` and failed after ``prepare_`` on the vanished
+    source ("``transformer.wte.weight`` is neither a parameter, buffer, nor extra state"). The layers are tied
+    already, through their posterior, and :func:`declare_tie_aliases` declares its second names for saving; the
+    declarations of ties left dense are kept as they were."""
+    for module, expanded in declared:
+        names = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+        names |= {name for name, _ in module.named_buffers(remove_duplicate=False)}
+        if all(target in names and source in names for target, source in expanded.items()):
+            continue
+        module.__dict__["_tied_weights_keys"] = {t: s for t, s in expanded.items() if t in names and s in names}
+        gathered = getattr(module, "all_tied_weights_keys", None)  # transformers' init-time union over submodels
+        if isinstance(gathered, dict):
+            module.__dict__["all_tied_weights_keys"] = {t: s for t, s in gathered.items() if t in names and s in names}

@@ -19,7 +19,14 @@ from torch.nn.utils import parametrize
 from ._checks import all_finite, check_flag
 from ._coverage import dense_weights, log_dense_weights
 from ._experts import EXPERT_PARALLEL_HINT, is_expert_parallel
-from ._ties import check_tied_settings, check_ties, declare_tie_aliases, tensors_to_compress
+from ._ties import (
+    check_tied_settings,
+    check_ties,
+    declare_tie_aliases,
+    declared_ties,
+    retire_absorbed_ties,
+    tensors_to_compress,
+)
 from .config import SQSConfig
 from .layers import SQSLayer, adapter_for, compressed_names, own_forward, parameter_adapter
 from .posterior import SpikeGMMPosterior
@@ -159,6 +166,7 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
     check_tied_settings(chosen)
     wrappers, created, shared = _wrap(chosen, torch.Generator().manual_seed(config.seed))
     dense = dense_weights(model)
+    ties_declared = declared_ties(model)
     frozen = [name for name, module, _ in chosen if not all(w.requires_grad for w in tensors_to_compress(module))]
     for module, wrapper in wrappers:  # mutate only once everything above succeeded
         for attr in compressed_names(module):
@@ -167,6 +175,7 @@ def prepare_(model: nn.Module, config: SQSConfig | None = None) -> nn.Module:
         for parent, attr, _ in refs[id(module)]:
             parent._modules[attr] = wrapper
     declare_tie_aliases(model)
+    retire_absorbed_ties(ties_declared)
     setattr(model, _MARK, config)
     _log_prepared(len(created), shared)
     log_dense_weights(dense)
