@@ -182,6 +182,18 @@ def test_ties_a_posterior_holds_are_retired_from_the_models_declarations():
     assert all(model.state_dict(keep_vars=True)[key] is value for key, value in state.items() if "side" not in key)
 
 
+def test_a_submodels_ties_gathered_by_the_outer_model_are_retired_there_too():
+    """transformers gathers each submodel's ties into the outer model's ``all_tied_weights_keys`` (EncoderDecoderModel
+    holds its decoder's), which ``init_weights`` re-ties from; the outer model declares none of its own."""
+    torch.manual_seed(0)
+    outer = nn.Module()
+    outer.inner = DeclaresTies()
+    outer.all_tied_weights_keys = {f"inner.{t}": f"inner.{s}" for t, s in outer.inner.all_tied_weights_keys.items()}
+    sqs.prepare_(outer, sqs.SQSConfig(num_components=4, exclude=(r"^inner\.(body|side)$",)))
+    assert outer.all_tied_weights_keys == {"inner.side.weight": "inner.body.weight"}
+    assert outer.inner.all_tied_weights_keys == {"side.weight": "body.weight"}
+
+
 def test_a_declaration_that_cannot_be_expanded_is_left_as_it_is():
     torch.manual_seed(0)
     model = DeclaresTies()

@@ -136,6 +136,23 @@ def test_tie_weights_after_prepare_keeps_the_shared_posteriors(tmp_path, name):
         assert torch.equal(fresh(**batch).logits, logits)
 
 
+def test_tie_weights_after_prepare_of_a_model_holding_a_tied_submodel():
+    """EncoderDecoderModel declares no tie of its own but gathers its decoder's (BERT's head) in
+    ``all_tied_weights_keys``, which ``init_weights``' ``tie_weights(recompute_mapping=False)`` re-ties from."""
+    bert = {"vocab_size": 97, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(
+        transformers.BertConfig(**bert, intermediate_size=37),
+        transformers.BertConfig(**bert, intermediate_size=37, is_decoder=True, add_cross_attention=True),
+    )
+    torch.manual_seed(0)
+    model = sqs.prepare_(transformers.EncoderDecoderModel(config=config).eval(), sqs.SQSConfig(num_components=4))
+    state = model.state_dict(keep_vars=True)
+    model.tie_weights(recompute_mapping=False)
+    model.tie_weights()
+    after = model.state_dict(keep_vars=True)
+    assert after.keys() == state.keys() and all(after[key] is tensor for key, tensor in state.items())
+
+
 def test_a_tie_left_dense_keeps_its_declaration():
     """Only ties that a posterior holds are retired: with both tied layers excluded, ``tie_weights()`` still ties
     GPT-2's head to its embedding as transformers declares it."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from .config import OVERRIDABLE
 from .layers import SQSLayer, adapter_for, compressed_names
 
 __all__ = [
+    "TieDeclarations",
     "check_tied_settings",
     "check_ties",
     "declare_tie_aliases",
@@ -116,41 +117,62 @@ def _innermost_layer(key: str, layers: dict[str, SQSLayer]) -> str | None:
     return None
 
 
-def declared_ties(model: nn.Module) -> list[tuple[nn.Module, dict[str, str]]]:
-    """Each module of ``model`` that declares ties as a Hugging Face ``PreTrainedModel`` does (a
-    ``get_expanded_tied_weights_keys`` method; recognised by that contract, as Conv1D is, without importing
-    transformers), with its expanded ``{target: source}`` map of tensor names, read before ``prepare_`` changes
-    anything (the map's patterns may match nothing after)."""
+class TieDeclarations(NamedTuple):
+    """A module's tie declarations as transformers keeps them, read before ``prepare_`` changes anything."""
+
+    module: nn.Module
+    own: dict[str, str]  # its ``_tied_weights_keys``, expanded to tensor names ({} if none or not expandable)
+    gathered: dict[str, str]  # its ``all_tied_weights_keys``: its own and its submodels', gathered at construction
+    names: set[str]  # the module's parameter and buffer names then
+
+
+def declared_ties(model: nn.Module) -> list[TieDeclarations]:
+    """The modules of ``model`` that declare ties as a Hugging Face ``PreTrainedModel`` does (recognised by that
+    contract, ``get_expanded_tied_weights_keys`` / ``all_tied_weights_keys``, as Conv1D is, without importing
+    transformers), read before ``prepare_`` changes anything: the patterns may match nothing after."""
     found = []
     for module in model.modules():
-        expand = getattr(module, "get_expanded_tied_weights_keys", None)
-        if isinstance(module, SQSLayer) or not callable(expand):
+        if isinstance(module, SQSLayer):
             continue
-        try:
-            expanded = expand(all_submodels=False)
-        except (TypeError, ValueError) as error:  # not transformers' method, or a declaration it cannot expand
-            log.debug("tie declarations of a %s left as they are: %s", type(module).__name__, error)
-            continue
-        if isinstance(expanded, dict) and expanded:
-            found.append((module, dict(expanded)))
+        own, gathered = _expanded(module), getattr(module, "all_tied_weights_keys", None)
+        gathered = dict(gathered) if isinstance(gathered, dict) else {}
+        if own or gathered:
+            found.append(TieDeclarations(module, own, gathered, _tensor_names(module)))
     return found
 
 
-def retire_absorbed_ties(declared: list[tuple[nn.Module, dict[str, str]]]) -> None:
+def retire_absorbed_ties(declared: list[TieDeclarations]) -> None:
     """Drop, from each module's tie declarations, the ties whose tensors ``prepare_`` replaced by one shared posterior
-    (both names are gone: ``lm_head.weight`` -> ``transformer.wte.weight`` became one posterior in both SQS layers).
+    (``lm_head.weight`` -> ``transformer.wte.weight``: both names gone, one posterior in both SQS layers).
 
-    transformers' ``tie_weights()`` (called by users, by ``init_weights`` and by libraries after loading) re-ties
-    every declared pair with ``setattr(parent, name, source)`` and failed after ``prepare_`` on the vanished
-    source ("``transformer.wte.weight`` is neither a parameter, buffer, nor extra state"). The layers are tied
-    already, through their posterior, and :func:`declare_tie_aliases` declares its second names for saving; the
-    declarations of ties left dense are kept as they were."""
-    for module, expanded in declared:
-        names = {name for name, _ in module.named_parameters(remove_duplicate=False)}
-        names |= {name for name, _ in module.named_buffers(remove_duplicate=False)}
-        if all(target in names and source in names for target, source in expanded.items()):
-            continue
-        module.__dict__["_tied_weights_keys"] = {t: s for t, s in expanded.items() if t in names and s in names}
-        gathered = getattr(module, "all_tied_weights_keys", None)  # transformers' init-time union over submodels
-        if isinstance(gathered, dict):
-            module.__dict__["all_tied_weights_keys"] = {t: s for t, s in gathered.items() if t in names and s in names}
+    transformers' ``tie_weights()`` (called by users, by ``init_weights`` from ``all_tied_weights_keys``, and by
+    libraries after loading) re-ties every declared pair with ``setattr(parent, name, source)``, and failed after
+    ``prepare_`` on the vanished source ("``transformer.wte.weight`` is neither a parameter, buffer, nor extra
+    state"). The layers are tied already, through their posterior, and :func:`declare_tie_aliases` declares its
+    second names for saving. A pair is kept unless a name of it was a tensor before and is gone now: ties left dense
+    keep their declarations."""
+    for module, own, gathered, before in declared:
+        gone = before - _tensor_names(module)
+        for attribute, pairs in (("_tied_weights_keys", own), ("all_tied_weights_keys", gathered)):
+            kept = {t: s for t, s in pairs.items() if t not in gone and s not in gone}
+            if len(kept) < len(pairs):
+                module.__dict__[attribute] = kept
+
+
+def _expanded(module: nn.Module) -> dict[str, str]:
+    """``module``'s own tie declarations expanded to tensor names by transformers' method, or {} (none, not
+    transformers' method, or a declaration it cannot expand: left as it is)."""
+    expand = getattr(module, "get_expanded_tied_weights_keys", None)
+    if not callable(expand):
+        return {}
+    try:
+        expanded = expand(all_submodels=False)
+    except (TypeError, ValueError) as error:
+        log.debug("tie declarations of a %s left as they are: %s", type(module).__name__, error)
+        return {}
+    return dict(expanded) if isinstance(expanded, dict) else {}
+
+
+def _tensor_names(module: nn.Module) -> set[str]:
+    names = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+    return names | {name for name, _ in module.named_buffers(remove_duplicate=False)}
