@@ -1,4 +1,5 @@
-"""The short training run the model-zoo suites share (tests/integration, tests/vision, tests/architectures)."""
+"""What the model-zoo suites share (tests/integration, tests/vision, tests/architectures): a short training run, and
+the check that transformers' re-tying leaves a prepared model as it was."""
 
 from __future__ import annotations
 
@@ -26,3 +27,14 @@ def train_with_schedule(
         assert torch.isfinite(loss), f"step {step}: loss {loss.item()}"
         losses.append(loss.item())
     return losses
+
+
+def assert_tying_again_changes_nothing(model: torch.nn.Module) -> None:
+    """transformers' ``tie_weights()``, as a user calls it and as ``init_weights`` does (from the mapping gathered at
+    construction), leaves every state entry of a prepared model the same tensor: the ties a posterior holds are
+    retired from the model's declarations, the others re-tie what is tied already."""
+    state = model.state_dict(keep_vars=True)
+    model.tie_weights()
+    model.tie_weights(recompute_mapping=False)
+    after = model.state_dict(keep_vars=True)
+    assert after.keys() == state.keys() and all(after[key] is tensor for key, tensor in state.items())

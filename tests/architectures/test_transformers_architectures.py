@@ -23,7 +23,7 @@ import pytest
 import sqs_core as sqs
 import torch
 from safetensors.torch import load_file
-from short_training import train_with_schedule
+from short_training import assert_tying_again_changes_nothing, train_with_schedule
 
 transformers = pytest.importorskip("transformers", reason="nox -s architectures installs transformers")
 
@@ -263,9 +263,7 @@ def test_architecture_trains_and_round_trips(tmp_path, model_type, caplog):
     with caplog.at_level(logging.WARNING, logger="sqs_core"):
         sqs.prepare_(model, config)
     _check_dense_warning(model_type, caplog)
-    state = model.state_dict(keep_vars=True)
-    model.tie_weights()  # changes nothing: the ties a posterior holds are retired from the model's declarations
-    assert all(model.state_dict(keep_vars=True)[key] is tensor for key, tensor in state.items())
+    assert_tying_again_changes_nothing(model)
     model.train()
     train_with_schedule(model, 2, lambda m: _output(m(**batch)).float().pow(2).mean(), num_data=1_000, nonzero=0.5)
     model.eval()

@@ -23,6 +23,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the integration environment installs transformers")
 from safetensors.torch import load_file  # noqa: E402
+from short_training import assert_tying_again_changes_nothing  # noqa: E402
 from short_training import train_with_schedule as _train  # noqa: E402
 
 STEPS = 6
@@ -120,13 +121,9 @@ def test_tie_weights_after_prepare_keeps_the_shared_posteriors(tmp_path, name):
     model = _prepared(make, 0)
     batch = {"input_ids": torch.randint(3, 97, (2, 10), generator=torch.Generator().manual_seed(1))}
     batch["labels"] = batch["input_ids"].clone()
-    state = model.state_dict(keep_vars=True)
     with torch.no_grad():
         logits = model(**batch).logits
-    model.tie_weights()
-    model.tie_weights(recompute_mapping=False)  # init_weights' call, from the mapping gathered at construction
-    after = model.state_dict(keep_vars=True)
-    assert after.keys() == state.keys() and all(after[key] is tensor for key, tensor in state.items())
+    assert_tying_again_changes_nothing(model)
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, logits)
     model.save_pretrained(tmp_path)
@@ -146,11 +143,7 @@ def test_tie_weights_after_prepare_of_a_model_holding_a_tied_submodel():
     )
     torch.manual_seed(0)
     model = sqs.prepare_(transformers.EncoderDecoderModel(config=config).eval(), sqs.SQSConfig(num_components=4))
-    state = model.state_dict(keep_vars=True)
-    model.tie_weights(recompute_mapping=False)
-    model.tie_weights()
-    after = model.state_dict(keep_vars=True)
-    assert after.keys() == state.keys() and all(after[key] is tensor for key, tensor in state.items())
+    assert_tying_again_changes_nothing(model)
 
 
 def test_a_tie_left_dense_keeps_its_declaration():
