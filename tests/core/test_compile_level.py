@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import FULL_OPTIMISATION
+from sqs_core import chunked
 from test_fused import _posterior, _values_and_grads
 from torch._inductor import cpp_builder
 
@@ -41,8 +42,6 @@ def _levels(cflags):
 
 
 def test_kernels_at_o3_give_bitwise_the_values_of_this_suites_o1(tmp_path, monkeypatch):
-    from sqs_core import chunked
-
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 96)  # several chunks, the last one smaller
     values, kstar = _values_and_grads(_posterior(SETTINGS, True), False)
     out = tmp_path / "o3.pt"
