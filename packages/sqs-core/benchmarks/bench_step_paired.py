@@ -5,7 +5,9 @@ this VM's drift over minutes (its plain 2,048-token step ranged 0.94–1.45 s wi
 process holds the plain model and one model per SQS mode, all built from the same seed (_step_models), and
 runs step i of every mode in turn, the order rotating from step to step; each SQS step's ratio is its time
 over the plain step of the same round. Reported per SQS mode: the median ratio over steps 2–6 and over the
-last five steps (``--steps`` ≥ 15), the medians of the step times, the share of weights certified one-hot
+last five steps (``--steps`` ≥ 15), the median ratio in each window of ``--window`` steps (steps 1–25, 26–50,
+...: how the ratio moves over a scheduled run), the run's total SQS time over its total plain time (steps 2 on,
+the first step's compile left out), the medians of the step times, the share of weights certified one-hot
 after the last step, and every step's time. The compiled mode compiles into a fresh inductor cache unless
 ``--warm-cache`` (its first step is in ``ratios`` but in neither median).
 
@@ -22,8 +24,8 @@ Peak memory needs a process per mode: bench_step.py measures it. The models shar
 allocator here, so each step runs on whatever heap the other models' steps left (glibc keeps freed memory):
 this times the steps' work, not their page faults on fresh memory.
 
-Usage: python bench_step_paired.py --only KIND:BATCH [--modes sqs sqs-compiled] [--steps N] [--warm-cache]
-[--far-gates] [--prune-to R [--prune-every N]] [--out FILE]
+Usage: python bench_step_paired.py --only KIND:BATCH [--modes sqs sqs-compiled] [--steps N] [--window N]
+[--warm-cache] [--far-gates] [--prune-to R [--prune-every N]] [--out FILE]
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def _arguments():
     parser.add_argument("--only", required=True, metavar="KIND:BATCH", help=f"the case, KIND one of {KINDS}")
     parser.add_argument("--modes", nargs="+", default=list(SQS_MODES), choices=SQS_MODES, help="SQS modes to time")
     parser.add_argument("--steps", type=int, default=50, help="steps of every mode (at least 15)")
+    parser.add_argument("--window", type=int, default=25, help="steps per window of the windowed median ratios")
     parser.add_argument("--warm-cache", action="store_true", help="compile into the user's inductor cache")
     parser.add_argument("--far-gates", action="store_true", help="gate logits set to |s̃/τ'| in [80, 95] each step")
     parser.add_argument("--prune-to", type=float, default=None, metavar="R", help="pruning schedule to non-zero R")
@@ -57,6 +60,8 @@ def _arguments():
         parser.error(f"--steps must be at least 15 (steps 2–6 and the last five are reported), got {args.steps}")
     if args.prune_to is not None and not 0 < args.prune_to <= 1:
         parser.error(f"--prune-to must lie in (0, 1], got {args.prune_to}")
+    if args.window < 1:
+        parser.error(f"--window must be at least 1, got {args.window}")
     if args.prune_every < 1:
         parser.error(f"--prune-every must be at least 1, got {args.prune_every}")
     if args.out is not None and args.out.is_dir():
@@ -95,7 +100,14 @@ def _far_gate_logits(model):
 
 
 def run(
-    kind: str, batch: int, k: int, modes: list[str], steps: int, far_gates: bool = False, prune: dict | None = None
+    kind: str,
+    batch: int,
+    k: int,
+    modes: list[str],
+    steps: int,
+    far_gates: bool = False,
+    prune: dict | None = None,
+    window: int = 25,
 ) -> dict:
     """Every mode's step times and each SQS mode's per-step ratios to the plain step of the same round."""
     import sqs_core as sqs
@@ -128,6 +140,8 @@ def run(
         result[mode] = {
             "time_ratio": median(ratios[1:6]),
             "late_time_ratio": median(ratios[-5:]),
+            "window_ratios": window_medians(ratios, window),
+            "run_time_ratio": sum(times[mode][1:]) / sum(times["plain"][1:]),
             "step_s": median(times[mode][1:6]),
             "late_step_s": median(times[mode][-5:]),
             "first_step_s": times[mode][0],
@@ -140,13 +154,18 @@ def run(
     return result
 
 
+def window_medians(ratios: list[float], window: int) -> list[float]:
+    """The median of ``ratios`` in each run of ``window`` consecutive steps (the last run may be shorter)."""
+    return [median(ratios[a : a + window]) for a in range(0, len(ratios), window)]
+
+
 def main() -> None:
     args, (kind, batch, k), modes = _arguments()
     if "sqs-compiled" in modes and not args.warm_cache:
         cache = tempfile.TemporaryDirectory(prefix="inductor-")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name  # read when inductor first compiles
     prune = None if args.prune_to is None else {"target_nonzero": args.prune_to, "update_every": args.prune_every}
-    result = run(kind, batch, k, modes, args.steps, args.far_gates, prune)
+    result = run(kind, batch, k, modes, args.steps, args.far_gates, prune, args.window)
     for mode in modes:
         r = result[mode]
         print(
@@ -154,11 +173,14 @@ def main() -> None:
             f"({r['late_step_s']:.3f} s against plain {result['plain']['late_step_s']:.3f} s), "
             f"certified {r['certified_fraction']:.4f}"
         )
+        windows = ", ".join(f"x{v:.2f}" for v in r["window_ratios"])
+        print(f"  windows of {args.window} steps: {windows}; the run's total time x{r['run_time_ratio']:.2f}")
     payload = {
         "machine": machine_info(),
         "date": time.strftime("%Y-%m-%d"),
         "case": f"{kind}:{batch}",
         "steps": args.steps,
+        "window": args.window,
         "far_gates": args.far_gates,
         "prune_to": args.prune_to,
         "prune_every": args.prune_every if args.prune_to is not None else None,
