@@ -5,17 +5,13 @@ arguments stop it before any work. (The figures it measures belong in docs/, nev
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import run_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "packages/sqs-core/benchmarks/bench_step_late.py"
 
-
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+def run_script(*args: str):
+    return run_benchmark("bench_step_late.py", *args)
 
 
 def test_trains_saves_and_times_each_mode_in_its_own_process(tmp_path):

@@ -5,18 +5,14 @@ any work. (The figures it measures belong in docs/, never in a test.)"""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 from statistics import median
 
 import pytest
+from benchmark_scripts import run_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "packages/sqs-core/benchmarks/bench_step_paired.py"
 
-
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+def run_script(*args: str):
+    return run_benchmark("bench_step_paired.py", *args)
 
 
 def test_reports_window_medians_and_the_run_ratio(tmp_path):
