@@ -49,7 +49,7 @@ def _install_core(session: nox.Session) -> None:
 
 # the core suite runs on every core (pytest-xdist, -n auto): compiling inductor's kernels runs g++ and inductor's
 # Python on one core at a time; from a cold inductor cache the suite took 17 min in one process, 11 min with two
-# (2-core Xeon, session 59). `nox -s tests -- -n 0` runs it in one process.
+# (2-core Intel Xeon, family 6 model 106, session 59). `nox -s tests -- -n 0` runs it in one process.
 XDIST = "pytest-xdist>=3.5"
 
 

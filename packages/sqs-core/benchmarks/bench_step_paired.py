@@ -41,6 +41,7 @@ from _step_models import KINDS, parse_cases_or_exit  # this folder (a script's o
 from _timing import machine_info, write_json
 
 SQS_MODES = ("sqs", "sqs-compiled")
+WINDOW = 25  # steps per window of the windowed median ratios, unless --window
 
 
 def _arguments():
@@ -48,7 +49,7 @@ def _arguments():
     parser.add_argument("--only", required=True, metavar="KIND:BATCH", help=f"the case, KIND one of {KINDS}")
     parser.add_argument("--modes", nargs="+", default=list(SQS_MODES), choices=SQS_MODES, help="SQS modes to time")
     parser.add_argument("--steps", type=int, default=50, help="steps of every mode (at least 15)")
-    parser.add_argument("--window", type=int, default=25, help="steps per window of the windowed median ratios")
+    parser.add_argument("--window", type=int, default=WINDOW, help="steps per window of the windowed median ratios")
     parser.add_argument("--warm-cache", action="store_true", help="compile into the user's inductor cache")
     parser.add_argument("--far-gates", action="store_true", help="gate logits set to |s̃/τ'| in [80, 95] each step")
     parser.add_argument("--prune-to", type=float, default=None, metavar="R", help="pruning schedule to non-zero R")
@@ -107,7 +108,7 @@ def run(
     steps: int,
     far_gates: bool = False,
     prune: dict | None = None,
-    window: int = 25,
+    window: int = WINDOW,
 ) -> dict:
     """Every mode's step times and each SQS mode's per-step ratios to the plain step of the same round."""
     import sqs_core as sqs
