@@ -139,3 +139,22 @@ def test_posteriors_by_the_tensor_they_compress():
     assert set(by_tensor.values()) == set(sqs.posteriors(model).values())
     with pytest.raises(ValueError, match="by_tensor must be True or False"):
         sqs.posteriors(model, by_tensor="yes")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_prepared_recurrent_layer_computes_after_it_is_moved(case):
+    """``model.to(...)``, ``.float()`` and ``.double()`` rebuild an RNN's flat-weight cache, which then held None for
+    the compressed weights: the next forward failed inside torch. Moved, it computes and trains as before."""
+    model = sqs.prepare_(_model(case), sqs.SQSConfig(num_components=4))
+    x = _sequences()
+    before = model(x).detach()
+    model.to("cpu").float()
+    after = model(x)
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    after.square().mean().backward()
+    grads = [p.gate_logits.grad for p in sqs.posteriors(model).values()]
+    assert all(g is not None and bool(g.isfinite().all()) for g in grads)
+    sqs.greedy_(model, nonzero=0.5)
+    fixed = model(x).detach()
+    model.double()
+    torch.testing.assert_close(model(x.double()).float(), fixed, rtol=1e-5, atol=1e-6)

@@ -60,7 +60,12 @@ def defined_below(module: nn.Module, registered: type | None, name: str) -> Any:
 
 class MethodCall(nn.Module):
     """A forward that calls ``module.<method>(...)`` (or reads the property ``module.<method>``), so that
-    ``torch.func.functional_call`` runs that method with ``module``'s compressed weights substituted."""
+    ``torch.func.functional_call`` runs that method with ``module``'s compressed weights substituted.
+
+    An nn.RNN/LSTM/GRU computes with its cached ``_flat_weights``, which torch refreshes in forward only where it
+    holds a reference to the weights it cached before; after ``model.to(...)``, ``.float()`` or ``.double()``
+    (``RNNBase._apply``) it holds none for the compressed weights (``None`` on the prepared module), so its forward
+    failed on a ``None`` weight. The cache is rebuilt here from the substituted weights before the call."""
 
     def __init__(self, module: nn.Module, method: str, *, read: bool = False) -> None:
         super().__init__()
@@ -69,5 +74,7 @@ class MethodCall(nn.Module):
         self.read = read
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(self.module, nn.RNNBase):
+            self.module._init_flat_weights()  # the substituted weights (class docstring)
         found = getattr(self.module, self.method)
         return found if self.read else found(*args, **kwargs)

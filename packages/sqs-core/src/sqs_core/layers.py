@@ -88,6 +88,8 @@ def substituted_forward(name: str, base: Any, x: Any, weight: torch.Tensor, *arg
     ``torch.func.functional_call`` substitutes the tensors for this call. (A submodule compressed as a layer of its
     own, such as the attention's ``out_proj``, is read through it: SQSLayer.weight.)"""
     base, weights = _substitutes(name, base, weight)
+    if isinstance(base, nn.RNNBase):  # its flat-weight cache rebuilt from the substituted weights (MethodCall)
+        return _functional_method(base, "forward", False, weights, (x, *args), kwargs)
     return torch.func.functional_call(base, weights, (x, *args), kwargs)
 
 
@@ -104,6 +106,11 @@ def _substitutes(name: str, base: Any, weight: torch.Tensor) -> tuple[nn.Module,
 def _call_substituted(layer: SQSLayer, method: str, read: bool, *args: Any, **kwargs: Any) -> Any:
     """The wrapped module's own ``method`` called (or property read) with the layer's weights substituted."""
     base, weights = _substitutes(layer.adapter.weight_name, layer.base_layer, layer.forward_weight())
+    return _functional_method(base, method, read, weights, args, kwargs)
+
+
+def _functional_method(base: nn.Module, method: str, read: bool, weights: dict, args: tuple, kwargs: dict) -> Any:
+    """``base.<method>(*args, **kwargs)`` (or the property read) with ``weights`` substituted for its parameters."""
     call = MethodCall(base, method, read=read)
     return torch.func.functional_call(call, {f"module.{k}": w for k, w in weights.items()}, args, kwargs)
 
