@@ -253,3 +253,49 @@ def test_a_loaded_average_converted_after_loading_still_averages(saved, dtype):
     avg = sqs.load_bayesian_average(path, mlp(1), samples=3, generator=torch.Generator().manual_seed(0)).eval()
     got = avg.to(dtype)(x.to(dtype)).float()
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6 if dtype == torch.float64 else 5e-2)
+
+
+class _TinyLM(nn.Module):
+    """An embedding, a hidden Linear and a head: the head tied to the embedding or not, the hidden layer
+    compressed or excluded (a dense tensor in the file)."""
+
+    def __init__(self, tied: bool, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb, self.hidden = nn.Embedding(10, 10), nn.Linear(10, 10)
+        self.head = nn.Linear(10, 10, bias=False)
+        if tied:
+            self.head.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.hidden(self.emb(x)))
+
+
+@pytest.mark.parametrize("exclude", [(), ("hidden",)])
+def test_a_skeleton_that_ties_what_the_file_holds_apart_is_refused(tmp_path, exclude):
+    """A skeleton that ties two weights the saved model held apart (a language model built with tied embeddings,
+    the file from the untied one) took both into its one tensor, the last winning: silently another model."""
+    model = sqs.prepare_(_TinyLM(tied=False), sqs.SQSConfig(num_components=4, exclude=exclude))
+    path = tmp_path / "m.sqs"
+    sqs.save(model, path)
+    skeleton = _TinyLM(tied=True, seed=1)
+    before = _state(skeleton)
+    with pytest.raises(ValueError, match=r"ties \['emb.weight', 'head.weight'\].*untied"):
+        sqs.load(path, skeleton)
+    with pytest.raises(ValueError, match="untied"):
+        sqs.load_bayesian_average(path, skeleton)
+    assert all(torch.equal(v, before[k]) for k, v in skeleton.state_dict().items())
+
+
+def test_a_tie_the_file_holds_loads_tied_and_untied(tmp_path):
+    """The saved model's tie (one record of two layers) loads into a tied skeleton and into an untied one, both
+    computing what the saved greedy model computes; a dense tie (equal values in the file) loads tied too."""
+    x = torch.tensor([[1, 2, 3]])
+    for exclude in [(), ("emb", "head")]:
+        model = sqs.prepare_(_TinyLM(tied=True), sqs.SQSConfig(num_components=4, exclude=exclude))
+        path = tmp_path / "m.sqs"
+        sqs.save(model, path)
+        sqs.greedy_(model)
+        want = model(x).detach()
+        for tied in (True, False):
+            torch.testing.assert_close(sqs.load(path, _TinyLM(tied=tied, seed=1))(x), want, rtol=0, atol=0)

@@ -191,7 +191,32 @@ def _check_state(art: Artifact, skeleton: nn.Module) -> dict[str, torch.Tensor]:
                 f"it: sqs_core.load(path, skeleton).to({dtype})"
             )
         raise ValueError(f"{art.path} does not match the skeleton: " + "; ".join(wrong) + hint)
+    _check_skeleton_ties(art, expected)
     return {key: value.detach() for key, value in expected.items()}
+
+
+def _check_skeleton_ties(art: Artifact, expected: dict[str, torch.Tensor]) -> None:
+    """A ValueError where the skeleton ties state entries (one tensor under several keys) that the file holds
+    apart: one record's layers (a tie the saved model had) or dense entries of equal values are one tensor there
+    too; else loading wrote them into the one tensor in turn and the last won, silently another model."""
+    sources = {key: ("dense", key) for key in art.dense}
+    for rec in art.records:
+        sources.update(dict.fromkeys(weight_keys(rec), ("record", record_name(rec))))
+    groups: dict[int, list[str]] = {}
+    for key, value in expected.items():
+        groups.setdefault(id(value), []).append(key)
+    for keys in (k for k in groups.values() if len(k) > 1):
+        kinds = {sources[k] for k in keys}
+        if all(kind == "dense" for kind, _ in kinds):
+            first = art.dense[keys[0]]
+            if all(torch.equal(art.dense[k], first) for k in keys[1:]):
+                continue
+        elif len(kinds) == 1:
+            continue
+        raise ValueError(
+            f"the skeleton ties {keys} (one tensor), but {art.path} holds them as different tensors: the model was "
+            "saved with them untied; build the skeleton as that model was (e.g. tie_word_embeddings=False)"
+        )
 
 
 def _load_state(art: Artifact, skeleton: nn.Module, weights: dict[str, torch.Tensor]) -> None:
