@@ -66,6 +66,41 @@ def test_a_certified_weight_is_one_hot_at_its_argmax(k, seed, kind, temperature,
     assert (log_phi <= -CERTIFY_MARGIN + 1e-6).all()  # every other φ_j ≤ e^-40
 
 
+@settings(max_examples=100)
+@given(
+    k=st.integers(2, 16),
+    seed=st.integers(0, 10**6),
+    kind=st.sampled_from(["paper", "standard"]),
+    temperature=st.sampled_from([5e-4, 1e-2, 1e-9]),
+    log_std=st.floats(-16.0, -11.0),
+    duplicate=st.sampled_from(["means", "components"]),
+)
+def test_a_float32_certificate_holds_where_the_margin_is_below_the_resolution_of_the_bound(
+    k, seed, kind, temperature, log_std, duplicate
+):
+    """Large log densities (σ ≈ 10^-7..10^-5, so e^{π N} up to ~10^6) put q_min − U below float32's resolution of
+    U: q_min rounded to U, and a weight on two identical components (φ = ½, ½) was certified (session 63). The
+    certificate must hold against the formula evaluated in float64 on the same float32 parameters."""
+    g = torch.Generator().manual_seed(seed)
+    means = torch.randn(1, k, generator=g) * 1e-3
+    log_stds = torch.full((1, k), log_std) + torch.rand(1, k, generator=g)
+    log_mix = F.log_softmax(torch.randn(1, k, generator=g), -1)
+    means[0, 1] = means[0, 0]
+    if duplicate == "components":
+        log_stds[0, 1], log_mix[0, 1] = log_stds[0, 0], log_mix[0, 0]
+    near = means[0, 0] + torch.randn(200, generator=g) * log_stds.exp().max()
+    theta = torch.cat([torch.randn(300, generator=g) * 1e-3, near, means[0]])
+    wid = torch.zeros(theta.shape, dtype=torch.uint8)
+    table = bin_table(theta, wid, means, log_stds, log_mix, kind, temperature)
+    kstar, _, certified = certify_one_hot(theta, wid, table)
+    if duplicate == "components":
+        assert not bool(certified[-k]), "a weight on two identical components was certified"
+    q = component_log_density(theta[certified].double(), means.double(), log_stds.double(), log_mix.double())
+    log_phi = log_responsibilities(q, kind, temperature)
+    log_phi[torch.arange(log_phi.shape[0]), kstar.long()[certified]] = -math.inf
+    assert (log_phi <= -CERTIFY_MARGIN + 1.0).all()  # every other φ_j ≤ e^-39 (float32 bounds)
+
+
 @pytest.mark.parametrize("kind", ["paper", "standard"])
 @pytest.mark.parametrize("k", [4, 64])
 def test_the_certificate_covers_almost_every_weight_at_the_papers_temperature(kind, k):

@@ -152,9 +152,9 @@ def bin_table(
     top = torch.topk(bound_rows, width_top, dim=1)
     j = top.indices[:, 0]
     log_std_j = log_stds[row, j]
-    q_min = _certifying_log_density(top.values[:, 1], top.values[:, 2], kind, temperature, k)
-    # q_j(θ) = peak_j − ½ z² ≥ q_min  ⟺  |z| ≤ √(2·slack)
-    slack = _peak_log_density(log_mixing[row, j], log_std_j) - q_min
+    peak = _peak_log_density(log_mixing[row, j], log_std_j)
+    # q_j(θ) = peak_j − ½ z² ≥ q_min  ⟺  |z| ≤ √(2·slack),  slack = peak_j − q_min
+    slack = _certifying_slack(peak, top.values[:, 1], top.values[:, 2], kind, temperature, k)
     radius = torch.exp(log_std_j) * torch.sqrt(2 * slack.clamp(min=0))
     radius = torch.where((slack >= 0) & (owner >= 0), radius, torch.full_like(radius, -1.0))
     mean_radius = torch.stack([means[row, j], radius])  # rows: contiguous, as the gathers of classify want
@@ -268,23 +268,29 @@ def _bin_owners(window_ranges, num_windows, left, right):
     return torch.where(meets.sum(1) == 1, first, torch.full_like(first, -1))
 
 
-def _certifying_log_density(rival, third, kind, temperature, k):
-    """q_min: the smallest q* of the best component for which the stage-2 gap reaches the margin, given
-    the runner-up bound U and third bound U3 (+inf where no q* can)."""
+def _certifying_slack(peak, rival, third, kind, temperature, k):
+    """peak − q_min, with q_min the smallest q* of the best component for which the stage-2 gap reaches the
+    margin, given the runner-up bound U and third bound U3 (−inf where no q* can, +inf for K = 1). Formed as
+    (peak − U) − (q_min − U): q_min − U can lie below the float resolution of U (e^U ≈ 2·10^5, a σ of 10^-6), where
+    q_min itself rounded to U and a weight tied between two identical components was certified (session 63)."""
     need = temperature * (CERTIFY_MARGIN + math.log(k))  # the gap in stage-1 units (φ' differences)
     if kind == "standard":
-        return rival + need
+        return (peak - rival) - need
     if kind != "paper":
         raise ValueError(f"unknown responsibility kind {kind!r}; expected 'paper' or 'standard'")
     if need >= 1 or k == 1:  # φ' differences never exceed 1
-        return torch.full_like(rival, math.inf if need >= 1 else -math.inf)
+        return torch.full_like(rival, -math.inf if need >= 1 else math.inf)
     # With a* = e^{q*}, x = a* − e^U: r = e^{-x}, r3 = c3·e^{-x}, c3 = exp(e^{U3} − e^U); the gap
-    # (1 − r)/(1 + r + (K−2) r3) ≥ need  ⟺  x ≥ log(1 + need(1 + (K−2) c3)) − log(1 − need).
+    # (1 − r)/(1 + r + (K−2) r3) ≥ need  ⟺  x ≥ log(1 + need(1 + (K−2) c3)) − log(1 − need);
+    # q_min = log(e^U + x_min) = U + log1p(x_min / e^U), or log x_min where e^U underflows to 0.
     a_rival = torch.exp(rival.clamp(max=PAPER_CLAMP))
     c3 = torch.exp(torch.exp(third.clamp(max=PAPER_CLAMP)) - a_rival)
     x_min = torch.log1p(need * (1 + (k - 2) * c3)) - math.log1p(-need)
-    q_min = torch.log(a_rival + x_min)
-    return torch.where(q_min <= PAPER_CLAMP, q_min, torch.full_like(q_min, math.inf))  # a is clamped at e^80
+    above = torch.log1p(x_min / a_rival)  # q_min − U (inf where a_rival is 0: the other branch)
+    some = a_rival > 0
+    slack = torch.where(some, (peak - rival) - above, peak - torch.log(x_min))
+    q_min = torch.where(some, rival + above, torch.log(x_min))
+    return torch.where(q_min <= PAPER_CLAMP, slack, torch.full_like(slack, -math.inf))  # a is clamped at e^80
 
 
 def certify_one_hot(theta: torch.Tensor, window_ids: torch.Tensor, table: BinTable):
