@@ -181,3 +181,43 @@ def test_pins_survive_a_deepcopy_and_a_pickle():
         clone.load_state_dict(state)  # the clone's own load hook pins the clone's mask
         assert int(sqs.posteriors(clone)["embed"].mask.sum()) == (VOCAB - 1) * DIM
         assert bool(sqs.posteriors(model)["embed"].mask.all())
+
+
+@pytest.mark.parametrize("pad_in_checkpoint", [True, False])
+def test_a_model_prepared_from_another_init_takes_the_checkpoints_pins(pad_in_checkpoint):
+    """The pinned rows travel in the state dict (the posterior's ``_extra_state``): a model prepared from another
+    init, whose padding row is zero where the checkpoint's was not (or the reverse), takes the checkpoint's pins and
+    then computes what the checkpoint's model computes. Before, it kept its own: the padding token got a non-zero
+    embedding, or a row the checkpoint kept was pruned."""
+    source = model_with_levels_away_from_zero()
+    if not pad_in_checkpoint:
+        with torch.no_grad():
+            source.embed.weight[PAD] = 0.75
+    target = model_with_levels_away_from_zero()
+    if pad_in_checkpoint:
+        with torch.no_grad():
+            target.embed.weight[PAD] = 0.75
+    config = sqs.SQSConfig(num_components=2)
+    source, target = sqs.prepare_(source, config), sqs.prepare_(target, config)
+    train(source)
+    target.load_state_dict(source.state_dict())
+    want = (PAD,) if pad_in_checkpoint else ()
+    assert sqs.posteriors(target)["embed"].pinned_zero_rows == want
+    for model in (source, target):
+        sqs.greedy_(model, nonzero=1.0)
+    assert torch.equal(target(TOKENS), source(TOKENS))
+    assert bool((embed_weight(target)[PAD] == 0).all()) == pad_in_checkpoint
+
+
+def test_a_checkpoint_without_pins_keeps_the_models_own_and_bad_pins_are_reported():
+    model = sqs.prepare_(model_with_levels_away_from_zero(), sqs.SQSConfig(num_components=2))
+    posterior = sqs.posteriors(model)["embed"]
+    state = model.state_dict()
+    assert torch.equal(state["embed.posterior._extra_state"], torch.tensor([PAD]))
+    older = {k: v for k, v in state.items() if not k.endswith("_extra_state")}  # saved before pins were
+    model.load_state_dict(older)
+    assert posterior.pinned_zero_rows == (PAD,)
+    for bad in (torch.tensor([VOCAB]), torch.tensor([-1]), torch.tensor([0.5]), torch.zeros(1, 1, dtype=torch.long)):
+        with pytest.raises(RuntimeError, match=r"embed.posterior._extra_state.*rows in \[0, 12\)"):
+            model.load_state_dict({**state, "embed.posterior._extra_state": bad})
+        assert posterior.pinned_zero_rows == (PAD,)

@@ -1,10 +1,14 @@
-"""Loading a posterior whose window count differs from the model's.
+"""Loading a posterior whose window count or pinned rows differ from the model's.
 
 With ``outlier`` windows, W (the number of windows, each with its own K components) depends on the weights
 ``prepare_`` saw: a model built afresh (its own random init) and prepared with the checkpoint's config may get
 W = 2 where the checkpoint's posterior has W = 4. Every tensor of q is in the state dict (θ, window ids, and the
 (W, K) μ, log σ, mixing logits), so the model takes the checkpoint's W before the copy; a checkpoint without
 the window ids, or with another K, is reported in load_state_dict's error instead of a bare size mismatch.
+
+The same holds for the pinned rows (an embedding's padding row, pinned pruned where ``prepare_`` found it zero):
+since session 63 they are the posterior's ``_extra_state``, which the model takes; a checkpoint saved before
+holds none, and the model keeps its own.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PER_WINDOW", "take_window_count"]
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+__all__ = ["PER_WINDOW", "take_pinned_rows", "take_window_count"]
 
 PER_WINDOW = ("means", "log_stds", "mixing_logits", "window_edges")  # (W, K) each, and the W − 1 interior edges
 
@@ -57,3 +63,26 @@ def take_window_count(
         else:
             setattr(posterior, name, fresh)
     log.info("%s: %d windows in this model, the checkpoint's %d taken", where, before, loaded.shape[0])
+
+
+def take_pinned_rows(
+    posterior: nn.Module, state_dict: dict[str, Any], prefix: str, _metadata: Any, _strict: bool, *rest: Any
+) -> None:
+    """load_state_dict's pre-hook: where the state holds no pinned rows (a checkpoint saved before they were, or a
+    tie's alias that transformers' save_pretrained left out) the posterior keeps the rows it has (None: not a
+    missing key under strict loading, and a tie's second layer does not undo what its first loaded); rows that
+    are not a 1-D integer tensor of rows of θ are reported in load_state_dict's error (the posterior's kept).
+    ``state_dict`` is load_state_dict's own copy."""
+    key, error_msgs = f"{prefix}_extra_state", rest[-1]
+    if key not in state_dict:
+        state_dict[key] = None
+        return
+    rows = state_dict[key]
+    size = posterior.weight.shape[0]
+    valid = isinstance(rows, torch.Tensor) and rows.dim() == 1 and rows.dtype in _INTEGER_DTYPES
+    if not valid or bool(((rows < 0) | (rows >= size)).any()):
+        shown = rows.tolist() if isinstance(rows, torch.Tensor) else type(rows).__name__
+        error_msgs.append(
+            f"{key!r} must be a 1-D integer tensor of rows in [0, {size}) to pin pruned, got {shown!r}"
+        )
+        state_dict[key] = None

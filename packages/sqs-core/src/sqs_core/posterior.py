@@ -28,7 +28,7 @@ from ._forward_cache import SharedMoments, log_other_tensors, pointers, sharing_
 from ._gate_kl import gate_kl
 from ._mask_write import any_returning, sole_owner
 from ._posterior_init import initial_gate_logits, initial_mixtures
-from ._window_load import take_window_count
+from ._window_load import take_pinned_rows, take_window_count
 from .chunked import (
     PosteriorSpec,
     certified_levels,
@@ -95,6 +95,7 @@ class SpikeGMMPosterior(nn.Module):
         self.pinned_zero_rows: tuple[int, ...] = ()  # rows of θ (dim 0) that are always pruned: pin_zero_rows_
         self.register_load_state_dict_post_hook(self._pin_after_load)
         self.register_load_state_dict_pre_hook(take_window_count)  # outlier windows: W varies
+        self.register_load_state_dict_pre_hook(take_pinned_rows)  # a checkpoint from before they were saved
         self._kstar: torch.Tensor | None = None
         self._pending_kl: tuple[torch.Tensor, tuple] | None = None  # (KL of the last forward, _kl_key then)
         self._ranges_key: tuple | None = None
@@ -169,6 +170,23 @@ class SpikeGMMPosterior(nn.Module):
             raise ValueError(f"rows to pin must lie in [0, {self.weight.shape[0]}), got {list(rows)!r}")
         self.pinned_zero_rows = tuple(sorted({*self.pinned_zero_rows, *checked}))
         self._prune_pinned()
+
+    def get_extra_state(self) -> torch.Tensor:
+        """The pinned rows (int64, sorted) as the state dict's ``_extra_state``: a model prepared from another
+        init (whose padding row is zero where the checkpoint's was not, or the reverse) takes the checkpoint's.
+        One tensor while the rows stay, so that a tie's layers, which share this posterior, hold it as an alias
+        (sqs_core._ties.declare_tie_aliases), as they hold its other tensors."""
+        rows = self.pinned_zero_rows
+        held = self.__dict__.get("_pinned_state")
+        if held is None or held[0] != rows:
+            held = self.__dict__["_pinned_state"] = (rows, torch.tensor(rows, dtype=torch.int64))
+        return held[1]
+
+    def set_extra_state(self, state: Any) -> None:
+        """load_state_dict's: the checkpoint's pinned rows (checked by :func:`take_pinned_rows` before); None (a
+        checkpoint without them, or a tie's alias left out of it) keeps the rows this posterior has."""
+        if state is not None:
+            self.pinned_zero_rows = tuple(sorted({int(r) for r in state.tolist()}))
 
     def _pin_after_load(self, module: nn.Module, incompatible_keys: Any) -> None:
         """load_state_dict's post hook: a loaded mask gets the pinned rows pruned again; the last forward's k*
