@@ -1,11 +1,15 @@
+import logging
+
 import pytest
 import sqs_core as sqs
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 from sqs_core.kmeans import EMPTY_MIX, STD_FLOOR_FRACTION, STD_MIN, kmeans_1d, kmeans_1d_sorted, sorted_values
+from sqs_core.posterior import SpikeGMMPosterior
 from sqs_core.windows import OUTLIER_IQR_FACTOR, assign_windows
 from strategies import components, weight_vectors
+from torch import nn
 
 
 def _quantile(flat, q):
@@ -149,3 +153,41 @@ def test_a_layer_of_zeros_and_subnormal_weights_trains_finitely(dtype, tiny):
     loss = sqs.Objective(model, num_data=10)(model(torch.randn(2, 8, dtype=dtype)).pow(2).mean())
     loss.backward()
     assert all(torch.isfinite(t.grad).all() for t in (p.means, p.log_stds, p.mixing_logits, p.gate_logits))
+
+
+@pytest.mark.parametrize("scale", [1e40, 1e100])
+def test_a_float64_layer_beyond_float32s_range_gets_a_finite_posterior(scale):
+    """K-means returns float64, which a float64 posterior keeps: its weights beyond 3.4e38 gave infinite means when
+    the start was float32 (session 63), and Objective then blamed training for the NaN."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16)).double()
+    with torch.no_grad():
+        model[0].weight.mul_(scale)
+    theta = model[0].weight.detach().clone()
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4, windows="none"))
+    posterior = sqs.posteriors(model)["0"]
+    assert posterior.means.dtype == torch.float64 and bool(posterior.means.isfinite().all())
+    assert bool(model(torch.randn(2, 16, dtype=torch.float64)).isfinite().all())
+    sqs.greedy_(model, nonzero=1.0)
+    assert float((model[0].fixed_weight - theta).abs().max() / theta.abs().max()) < 0.5
+
+
+def test_a_float32_start_rounds_kmeans_float64_once():
+    """A float32 posterior's μ, log σ and mixing logits are K-means' float64 values rounded to float32 first."""
+    w = torch.randn(32, 8, generator=torch.Generator().manual_seed(3))
+    config = sqs.SQSConfig(num_components=4, windows="none")
+    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0))
+    init = kmeans_1d(w, 4, generator=torch.Generator().manual_seed(0))
+    assert init.means.dtype == torch.float64
+    assert torch.equal(p.means.detach()[0], init.means.float())
+    assert torch.equal(p.log_stds.detach()[0], init.stds.float().log())
+
+
+def test_weights_finer_than_the_sigma_floor_are_warned_of(caplog):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    with torch.no_grad():
+        model[1].weight.mul_(1e-20)
+    with caplog.at_level(logging.WARNING, logger="sqs_core.prepare"):
+        sqs.prepare_(model, sqs.SQSConfig(num_components=4))
+    warned = [r.getMessage() for r in caplog.records if "finer than the posterior" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("layer '1'")

@@ -16,8 +16,10 @@ Degenerate windows, handled so that every component has finite parameters:
 * centres that coincide or whose group is empty (Lloyd stopped at its cap) are merged or dropped, and
   their components padded as in the previous case;
 * a singleton group, or σ_k = 0: σ_k is floored at ``STD_FLOOR_FRACTION`` × the window's spread (or ×
-  max(|θ|, 1) when the window is constant), and every σ_k at ``STD_MIN``: the result is float32, where a
-  window spread below ~1e-16 (zeros beside subnormal weights) gave σ_k = 0 and a NaN posterior.
+  max(|θ|, 1) when the window is constant), and every σ_k at ``STD_MIN``: the posterior computes in float32
+  (or float64), where a window spread below ~1e-16 (zeros beside subnormal weights) gave σ_k = 0 and a NaN
+  posterior. The result is float64, which the posterior rounds to its own dtype (until session 63 it was
+  float32, so a float64 layer's weights beyond 3.4e38 gave infinite means).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ STD_MIN = F32_STD_MIN  # ~1.08e-19: 1/σ² stays a normal float32
 
 @dataclass(frozen=True)
 class GMMInit:
-    """Initial (μ, σ, π) of one window, each of shape (K,), means sorted ascending."""
+    """Initial (μ, σ, π) of one window, each of shape (K,), float64, means sorted ascending."""
 
     means: torch.Tensor
     stds: torch.Tensor
@@ -111,7 +113,7 @@ def _lloyd(ordered: torch.Tensor, centres: torch.Tensor, iterations: int, genera
 
 
 def kmeans_1d(values: torch.Tensor, k: int, *, iterations: int = 30, generator: torch.Generator | None = None):
-    """K-means of a 1-D tensor into ``k`` groups; returns a :class:`GMMInit` (float32, on CPU)."""
+    """K-means of a 1-D tensor into ``k`` groups; returns a :class:`GMMInit` (float64, on CPU)."""
     flat = values.detach().reshape(-1).double().cpu()
     _check(flat, k)
     return _kmeans(sorted_values(flat), k, iterations, generator)
@@ -183,4 +185,4 @@ def _statistics(ordered: torch.Tensor, centres: torch.Tensor, k: int) -> GMMInit
         mixing = mixing / mixing.sum()
         order = torch.argsort(means, stable=True)
         means, stds, mixing = means[order], stds[order], mixing[order]
-    return GMMInit(means=means.float(), stds=stds.float(), mixing=mixing.float())
+    return GMMInit(means=means, stds=stds, mixing=mixing)

@@ -77,9 +77,9 @@ class SpikeGMMPosterior(nn.Module):
         theta = weight.detach().to(torch.promote_types(weight_dtype, torch.float32))
         inits, window_ids, edges = initial_mixtures(theta, config, generator)
         dev, dtype = theta.device, theta.dtype
-        self.means = nn.Parameter(torch.stack([i.means for i in inits]).to(dev, dtype))
-        self.log_stds = nn.Parameter(torch.stack([i.stds for i in inits]).log().to(dev, dtype))
-        self.mixing_logits = nn.Parameter(torch.stack([i.mixing for i in inits]).log().to(dev, dtype))
+        self.means = nn.Parameter(torch.stack([i.means for i in inits]).to(dev, dtype))  # K-means' float64 rounded
+        self.log_stds = nn.Parameter(torch.stack([i.stds for i in inits]).to(dev, dtype).log())
+        self.mixing_logits = nn.Parameter(torch.stack([i.mixing for i in inits]).to(dev, dtype).log())
         self.gate_logits = nn.Parameter(initial_gate_logits(theta, config).to(dtype))
         if config.train_weight:
             self.weight = nn.Parameter(theta)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ._checks import all_finite, check_flag
+from ._checks import F32_STD_MIN, all_finite, check_flag
 from ._coverage import dense_weights, log_dense_weights
 from ._experts import EXPERT_PARALLEL_HINT, is_expert_parallel
 from ._ties import (
@@ -34,6 +34,11 @@ from .posterior import SpikeGMMPosterior
 __all__ = ["is_prepared", "posteriors", "prepare_", "sqs_layers"]
 
 log = logging.getLogger(__name__)
+
+TINY_WEIGHTS = 1e4 * F32_STD_MIN
+"""A layer whose weights all lie below this (~1.1e-15) is prepared with a WARNING: the posterior floors every σ at
+F32_STD_MIN (~1.1e-19, so that 1/σ² is a normal float32), coarser than such weights' spacing (session 63: greedy
+weights 0.875 away from θ, relative, at 1e-20 against 0.14 at 1)."""
 _MARK = "_sqs_config"
 
 
@@ -290,6 +295,17 @@ def _check_weight(name: str, module: nn.Module, attr: str) -> None:
         raise ValueError(f"layer {name!r} has a NaN or infinite weight (or a non-float dtype); fix it first")
     if weight.numel() == 0:
         raise ValueError(f"layer {name!r} has an empty weight {tuple(weight.shape)}: exclude it")
+    largest = float(weight.detach().abs().max())
+    if 0 < largest < TINY_WEIGHTS:
+        log.warning(
+            "layer %r: its weights are all below %.3g in magnitude (largest %.3g), finer than the posterior's σ floor "
+            "(%.3g) resolves: its quantization levels will be coarse. Scale the layer's weights up (and its output "
+            "down) before prepare_, or exclude it",
+            name,
+            TINY_WEIGHTS,
+            largest,
+            F32_STD_MIN,
+        )
 
 
 _HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
