@@ -124,3 +124,18 @@ def _pickled(model):
     torch.save(model, buffer)
     buffer.seek(0)
     return buffer
+
+
+@pytest.mark.parametrize("likelihood", ["plugin", "moment_matched"])
+def test_an_embedding_with_max_norm_keeps_its_rows_within_it_in_training(likelihood):
+    """nn.Embedding(max_norm=...) rescales each row it looks up, which is not linear in the weight: the
+    moment-matched likelihood draws the weight for it, as for attention. Its variance path had looked up Var_q
+    with max_norm too, so training rows reached 3.5× max_norm (session 63)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(20, 16, max_norm=0.5))
+    sqs.prepare_(model, sqs.SQSConfig(num_components=4, likelihood=likelihood))
+    tokens = torch.arange(20).reshape(4, 5)
+    out = model(tokens)
+    assert float(out.norm(dim=-1).max()) <= 0.5 * (1 + 1e-5)
+    out.sum().backward()
+    assert bool(sqs.posteriors(model)["0"].means.grad.isfinite().all())

@@ -83,3 +83,34 @@ def test_export_and_trace_take_fixed_weights_and_refuse_the_variational_mode_by_
     assert how == "export-strict" or raised.type is ValueError  # strict export: dynamo's error carries it
     sqs.greedy_(model, nonzero=0.5)
     assert torch.equal(run(model), model(x))
+
+
+class _Sequence(nn.Module):
+    """An LSTM, a self-attention over its outputs (q/k/v weights of their own: kdim ≠ embed_dim) and a head: modules
+    whose own forward runs with the compressed weights substituted (sqs_core.layers.substituted_forward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(4, 8, batch_first=True)
+        self.attn = nn.MultiheadAttention(8, 2, kdim=6, vdim=6, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.rnn(x)[0]
+        return self.head(self.attn(h, h[..., :6], h[..., :6], need_weights=False)[0])
+
+
+@pytest.mark.parametrize("how", ["export", "jit-trace"])
+def test_a_fixed_model_with_substituted_forwards_exports_and_traces(how):
+    """A greedy LSTM or nn.MultiheadAttention runs its own forward with the weights substituted, through
+    torch.func.functional_call, which torch refuses while jit.trace runs ("The stateless API can't be used with
+    Jitted modules", session 63); there the weights are set on the module for the call. The traced module computes
+    what the model does, and the module's compressed parameters are None again after it."""
+    torch.manual_seed(0)
+    model = sqs.prepare_(_Sequence(), sqs.SQSConfig(num_components=4)).eval()
+    sqs.greedy_(model, nonzero=0.5)
+    x = torch.randn(2, 5, 4)
+    traced = torch.jit.trace(model, (x,)) if how == "jit-trace" else torch.export.export(model, (x,)).module()
+    torch.testing.assert_close(traced(x), model(x), rtol=0, atol=0)
+    lstm = model.rnn.base_layer.base_layer  # weight_ih_l0's layer around weight_hh_l0's, around the LSTM
+    assert lstm._parameters["weight_ih_l0"] is None and lstm._parameters["weight_hh_l0"] is None

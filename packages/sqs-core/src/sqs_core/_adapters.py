@@ -61,6 +61,13 @@ def _embedding(base: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     return F.embedding(x, weight, base.padding_idx, base.max_norm, base.norm_type, base.scale_grad_by_freq, base.sparse)
 
 
+def renormalises_rows(module: nn.Module) -> bool:
+    """Whether ``module`` is an nn.Embedding with ``max_norm``: its lookup rescales each row it reads to at most
+    max_norm, which is not linear in the weight, so the moment-matched likelihood draws the weight for it (the
+    variance path, the same lookup of Var_q, rescaled the variance instead: outputs far beyond max_norm)."""
+    return isinstance(module, nn.Embedding) and module.max_norm is not None
+
+
 def _attention_weights(module: nn.Module) -> tuple[str, ...]:
     """nn.MultiheadAttention's projection weights: one (3E, E) ``in_proj_weight``, or three when kdim/vdim ≠ E."""
     if module._qkv_same_embed_dim:

@@ -17,9 +17,10 @@ import dataclasses
 import functools
 from typing import Any
 
+import torch
 from torch import nn
 
-__all__ = ["NOT_DEFINED", "MethodCall", "defined_below", "defines_forward", "substituting"]
+__all__ = ["NOT_DEFINED", "MethodCall", "call_substituted", "defined_below", "defines_forward", "substituting"]
 
 
 def defines_forward(module: nn.Module, registered: type) -> bool:
@@ -78,3 +79,19 @@ class MethodCall(nn.Module):
             self.module._init_flat_weights()  # the substituted weights (class docstring)
         found = getattr(self.module, self.method)
         return found if self.read else found(*args, **kwargs)
+
+
+def call_substituted(base: nn.Module, method: str, read: bool, weights: dict, args: tuple, kwargs: dict) -> Any:
+    """``base.<method>(*args, **kwargs)`` (or the property read) with ``weights`` (its parameters by name) substituted
+    by ``torch.func.functional_call``; while ``torch.jit.trace`` runs, which functional_call refuses ("The stateless API
+    can't be used with Jitted modules": a fixed LSTM or attention did not trace), set on ``base`` for the call and
+    restored after it (the trace records them as constants: a fixed model's weights)."""
+    call = MethodCall(base, method, read=read)
+    if not torch.jit.is_tracing():
+        return torch.func.functional_call(call, {f"module.{k}": w for k, w in weights.items()}, args, kwargs)
+    held = {name: base._parameters.get(name) for name in weights}  # None on a prepared module
+    try:
+        base._parameters.update(weights)
+        return call(*args, **kwargs)
+    finally:
+        base._parameters.update(held)

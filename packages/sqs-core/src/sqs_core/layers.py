@@ -36,10 +36,11 @@ from ._adapters import (  # also the old names, which pickles of models prepared
     _linear,
     _linear_no_bias,
     _recurrent_weights,
+    renormalises_rows,
 )
 from ._experts import expert_weights, is_fused_experts
 from ._noise import output_std, weight_noise_std
-from ._subclass_forward import NOT_DEFINED, MethodCall, defined_below, defines_forward, substituting
+from ._subclass_forward import NOT_DEFINED, call_substituted, defined_below, defines_forward, substituting
 from .posterior import SpikeGMMPosterior
 
 log = logging.getLogger(__name__)
@@ -88,8 +89,8 @@ def substituted_forward(name: str, base: Any, x: Any, weight: torch.Tensor, *arg
     ``torch.func.functional_call`` substitutes the tensors for this call. (A submodule compressed as a layer of its
     own, such as the attention's ``out_proj``, is read through it: SQSLayer.weight.)"""
     base, weights = _substitutes(name, base, weight)
-    if isinstance(base, nn.RNNBase):  # its flat-weight cache rebuilt from the substituted weights (MethodCall)
-        return _functional_method(base, "forward", False, weights, (x, *args), kwargs)
+    if isinstance(base, nn.RNNBase) or torch.jit.is_tracing():  # an RNN's flat weights, a trace: call_substituted
+        return call_substituted(base, "forward", False, weights, (x, *args), kwargs)
     return torch.func.functional_call(base, weights, (x, *args), kwargs)
 
 
@@ -106,13 +107,7 @@ def _substitutes(name: str, base: Any, weight: torch.Tensor) -> tuple[nn.Module,
 def _call_substituted(layer: SQSLayer, method: str, read: bool, *args: Any, **kwargs: Any) -> Any:
     """The wrapped module's own ``method`` called (or property read) with the layer's weights substituted."""
     base, weights = _substitutes(layer.adapter.weight_name, layer.base_layer, layer.forward_weight())
-    return _functional_method(base, method, read, weights, args, kwargs)
-
-
-def _functional_method(base: nn.Module, method: str, read: bool, weights: dict, args: tuple, kwargs: dict) -> Any:
-    """``base.<method>(*args, **kwargs)`` (or the property read) with ``weights`` substituted for its parameters."""
-    call = MethodCall(base, method, read=read)
-    return torch.func.functional_call(call, {f"module.{k}": w for k, w in weights.items()}, args, kwargs)
+    return call_substituted(base, method, read, weights, args, kwargs)
 
 
 def _subclass_attribute(layer: SQSLayer, name: str) -> Any:
@@ -364,8 +359,8 @@ class SQSLayer(nn.Module):
         forward, forward_no_bias = self.adapter.forward, self.adapter.forward_no_bias
         if forward is None:
             raise RuntimeError(f"internal: the adapter of {type(self.base_layer).__name__} has no forward")
-        if forward_no_bias is None:  # not linear in the weight (attention, recurrent): the weight itself is drawn
-            return forward(self.base_layer, x, self.forward_weight(), *args, **kwargs)
+        if forward_no_bias is None or renormalises_rows(self.base_layer):  # not linear in the weight (attention,
+            return forward(self.base_layer, x, self.forward_weight(), *args, **kwargs)  # recurrent): it is drawn
         weight, var = self._forward_moments()
         out = forward(self.base_layer, x, weight, *args, **kwargs)
         if var is None:  # fixed, or the plug-in likelihood: the forward at θ^avg
