@@ -78,11 +78,9 @@ def take_pinned_rows(
         state_dict[key] = None
         return
     rows = state_dict[key]
-    size = posterior.weight.shape[0]
+    size = cast(torch.Tensor, posterior.weight).shape[0]
     valid = isinstance(rows, torch.Tensor) and rows.dim() == 1 and rows.dtype in _INTEGER_DTYPES
     if not valid or bool(((rows < 0) | (rows >= size)).any()):
         shown = rows.tolist() if isinstance(rows, torch.Tensor) else type(rows).__name__
-        error_msgs.append(
-            f"{key!r} must be a 1-D integer tensor of rows in [0, {size}) to pin pruned, got {shown!r}"
-        )
+        error_msgs.append(f"{key!r} must be a 1-D integer tensor of rows in [0, {size}) to pin pruned, got {shown!r}")
         state_dict[key] = None
