@@ -225,6 +225,20 @@ def test_directory_target_names_the_users_path(saved, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"] and not any(folder.iterdir())
 
 
+def test_a_path_ending_in_a_separator_is_refused_as_open_refuses_it(saved, tmp_path):
+    """ "out/" names a folder: save wrote a file "out" (realpath drops the separator) and "keep.txt/" replaced the
+    file keep.txt. Both refused now, as ``open`` refuses them, nothing written or replaced."""
+    model, path = saved
+    keep = tmp_path / "keep.txt"
+    keep.write_text("precious")
+    for write in (lambda t: sqs.save(model, t, nonzero=0.5), lambda t: sqs.upgrade(path, t)):
+        with pytest.raises(IsADirectoryError, match="ends with a separator"):
+            write(f"{tmp_path / 'out'}{os.sep}")
+        with pytest.raises(NotADirectoryError, match="ends with a separator"):
+            write(f"{keep}{os.sep}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"] and keep.read_text() == "precious"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_a_skeleton_of_another_dtype_is_told_how_to_load(saved, dtype):
     """The file holds the dtypes the model was saved in; a half skeleton is refused (nothing written), and the
@@ -299,3 +313,25 @@ def test_a_tie_the_file_holds_loads_tied_and_untied(tmp_path):
         want = model(x).detach()
         for tied in (True, False):
             torch.testing.assert_close(sqs.load(path, _TinyLM(tied=tied, seed=1))(x), want, rtol=0, atol=0)
+
+
+def test_levels_beyond_a_float16_layers_range_are_refused_at_save(tmp_path):
+    """A float16 layer's posterior is float32: training can move a level past 65504, which the file (levels in the
+    layer's dtype) would hold as inf and load refuse as damage. save refuses it, writing nothing; a float32 copy
+    saves and loads into a float32 skeleton."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(8, 8)).half()
+    with torch.no_grad():
+        plain[0].weight.mul_(60000 / plain[0].weight.abs().max().float())
+    model = sqs.prepare_(plain, sqs.SQSConfig(num_components=4, temperature=0.5))
+    with torch.no_grad():
+        sqs.posteriors(model)["0"].means.mul_(1.5)
+    path = tmp_path / "m.sqs"
+    with pytest.raises(ValueError, match=r"layer .0.: 2 of its quantization levels .* torch.float16 holds \(±65504\)"):
+        sqs.save(model, path, nonzero=1.0)
+    assert not path.exists() and not list(tmp_path.iterdir())
+    model.float()
+    sqs.save(model, path, nonzero=1.0)
+    skeleton = sqs.load(path, nn.Sequential(nn.Linear(8, 8)))
+    sqs.greedy_(model, nonzero=1.0)
+    assert torch.equal(skeleton[0].weight, model[0].fixed_weight)

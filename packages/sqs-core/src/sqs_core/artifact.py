@@ -111,6 +111,7 @@ def save(
     groups, sqs_paths = _layer_groups(model)
     records, blobs = [], []
     for name, d in dists.items():
+        _check_levels(name, d.codebook)
         record, blob = encode(d, alternatives=include_alternatives)
         records.append({**_layer_fields(groups[name]), **record})
         blobs.append(blob)
@@ -124,6 +125,18 @@ def save(
     }
     size = _write(target, body, blobs, dense)
     log.info("saved %s: %d bytes, %d compressed tensors, %d dense", target, size, len(records), len(dense))
+
+
+def _check_levels(name: str, codebook: torch.Tensor) -> None:
+    """A ValueError for quantization levels μ_wk (finite: the posterior was checked) that the layer's dtype cannot
+    hold, a float16 layer's beyond ±65504: the file would store them as inf, which ``load`` refuses as damage."""
+    if not bool(torch.isfinite(codebook).all()):
+        bad, limit = int((~torch.isfinite(codebook)).sum()), torch.finfo(codebook.dtype).max
+        raise ValueError(
+            f"layer {name!r}: {bad} of its quantization levels lie beyond what its dtype {codebook.dtype} holds "
+            f"(±{limit:.6g}), so the file cannot store them: save a float32 copy (model.float(), loaded into a float32 "
+            "skeleton), or bring those levels into range"
+        )
 
 
 def upgrade(source: str | os.PathLike, target: str | os.PathLike) -> None:

@@ -21,8 +21,14 @@ __all__ = ["replaced_file", "write_atomic"]
 def replaced_file(where: str | os.PathLike[str]) -> tuple[Path, int | None]:
     """The file that writing to the user's path ``where`` replaces, symlinks followed to their final target,
     and the mode bits it keeps (None: a new file). Refuses an existing folder (IsADirectoryError), and a
-    FIFO, socket or device (ValueError), leaving it untouched."""
+    FIFO, socket or device (ValueError), leaving it untouched. A path ending in a separator names a folder, as
+    for ``open``: refused too (realpath drops the separator: "out/" wrote a file "out", "keep.txt/" replaced it)."""
     real = Path(os.path.realpath(where))
+    text = os.fspath(where)
+    if text.endswith(os.sep) or (os.altsep is not None and text.endswith(os.altsep)):
+        if real.exists() and not real.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "ends with a separator but is a file, not a folder", text)
+        raise IsADirectoryError(errno.EISDIR, "ends with a separator: names a folder, not a file", text)
     try:
         info = real.stat()
     except FileNotFoundError:
