@@ -258,3 +258,74 @@ def test_upgrade_of_tied_layers_without_alternatives(tmp_path):
     assert torch.equal(loaded[0].weight, sqs.load(path, copy.deepcopy(skeleton))[0].weight)
     with pytest.raises(ValueError, match="include_alternatives=False"):
         sqs.load(new, copy.deepcopy(skeleton), mode="sample", generator=torch.Generator())
+
+
+def _resealed(path: Path, out: Path, edit) -> Path:
+    """A crafted file: the body changed by ``edit`` and every checksum recomputed (anyone can), so only the
+    checks of the fields themselves stand between it and the decoders."""
+    from sqs_core import artifact as artifact_module
+
+    art, body = read_artifact(path), _body(path)
+    edit(body["compressed"][0])
+    artifact_module._write(str(out), body, list(art.blobs.values()), dict(art.dense))
+    return out
+
+
+def _big_all(rec: dict) -> None:
+    rec["mask"], rec["shape"] = "all", [1 << 16, 1 << 14]  # 2^30 weights, a few kept: 8 GiB of positions
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda rec: rec.pop("mask"), "field 'mask' must be one of"),
+        (lambda rec: rec.update(mask=["bitmap"]), "field 'mask' must be one of"),
+        (lambda rec: rec.update(dtype=["float32"]), r"unsupported dtype \['float32'\]"),
+        (_big_all, r"mask 'all' with \d+ of 1073741824 weights kept"),
+        (lambda rec: rec.update(shape=[1 << 62, 4]), "beyond"),
+    ],
+)
+def test_crafted_record_fields_are_refused_from_the_header(saved, tmp_path, edit, message, capsys):
+    """A missing or mistyped mask or dtype failed with KeyError / TypeError deep in the decoders, and a shape the
+    mask contradicts made upgrade allocate every weight's position (8 GiB) first (session 63)."""
+    _, skeleton, path = saved
+    bad = _resealed(path, tmp_path / "bad.sqs", edit)
+    before = {k: v.clone() for k, v in skeleton.state_dict().items()}
+    for call in (lambda: sqs.load(bad, skeleton), lambda: sqs.upgrade(bad, tmp_path / "up.sqs")):
+        with pytest.raises(ValueError, match=message):
+            call()
+    with pytest.raises(ValueError, match=message):
+        sqs.compression_report(bad)
+    assert main(["inspect", str(bad)]) != 0 and "Traceback" not in capsys.readouterr().err
+    assert all(torch.equal(v, before[k]) for k, v in skeleton.state_dict().items())
+    assert not (tmp_path / "up.sqs").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"), [("[" * 100_000 + "]" * 100_000, "maximum recursion"), ('{"a": NaN}', "NaN is not")]
+)
+def test_header_json_nested_too_deep_or_holding_nan_is_refused_by_name(saved, tmp_path, text, message):
+    """Deeply nested JSON raised RecursionError, and a NaN literal (which Python's json reads) failed later in the
+    checksum with a message naming neither the file nor the cause."""
+    _, skeleton, path = saved
+    bad = _rebuild(path, tmp_path / "nested.sqs", packed=zlib.compress(text.encode()))
+    for call in (lambda: sqs.load(bad, skeleton), lambda: sqs.compression_report(bad)):
+        with pytest.raises(ValueError, match=rf"{bad}: the SQS header is not valid JSON .*{message}"):
+            call()
+
+
+def test_an_escaped_record_without_its_escape_mask_is_refused(tmp_path):
+    """The escaped code layout's ``escape_mask`` missing failed with KeyError in the decoder (session 63)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64))
+    with torch.no_grad():
+        model[0].weight.copy_(torch.randn(64, 64) ** 3)  # a few levels take most weights: the escaped layout
+    skeleton = copy.deepcopy(model)
+    sqs.prepare_(model, sqs.SQSConfig(num_components=64, windows="none"))
+    path = tmp_path / "m.sqs"
+    sqs.save(model, path, nonzero=1.0)
+    assert "escape_mask" in read_artifact(path).records[0]
+    bad = _resealed(path, tmp_path / "bad.sqs", lambda rec: rec.pop("escape_mask"))
+    for call in (lambda: sqs.load(bad, skeleton), lambda: sqs.upgrade(bad, tmp_path / "up.sqs")):
+        with pytest.raises(ValueError, match="field 'escape_mask' must be one of"):
+            call()

@@ -169,7 +169,7 @@ def _escaped_case() -> tuple[dict, dict]:
         ({"escaped": True}, "'escaped' must be an int"),
         ({"code_bits": 3}, "bad escaped layout"),
         ({"code_bits": 0}, "bad escaped layout"),
-        ({"escape_mask": "zip"}, "unknown mask encoding"),
+        ({"escape_mask": "zip"}, "field .escape_mask. must be one of"),
     ],
 )
 def test_damaged_escaped_record_is_rejected(change, message):

@@ -179,10 +179,17 @@ def read_artifact(path: str | os.PathLike) -> Artifact:
 
 
 def _parse_json(where: str, text: str | bytes) -> Any:
+    """The header's JSON; a ValueError naming the file for text that is not JSON, holds NaN or Infinity (Python's
+    json reads them; they failed later, in the checksum, without the file's name) or nests beyond Python's
+    recursion limit (a RecursionError before)."""
     try:
-        return json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as exc:
         raise ValueError(f"{where}: the SQS header is not valid JSON (damaged file?): {exc}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _check_meta(where: str, meta: Any) -> None:

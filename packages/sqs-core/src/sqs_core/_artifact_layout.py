@@ -30,7 +30,15 @@ from torch import Tensor
 from ._bits import set_bit_indices
 from ._codes import CODE_SECTIONS, check_code_record, decode_ranks, decode_values, encode_codes, field_bits
 from .discrete import DiscretePosterior
-from .packing import decode_kept_positions, decode_mask, encode_mask, pack_bits, packed_length, unpack_bits
+from .packing import (
+    MASK_ENCODINGS,
+    decode_kept_positions,
+    decode_mask,
+    encode_mask,
+    pack_bits,
+    packed_length,
+    unpack_bits,
+)
 
 SECTIONS = (
     "codebook",
@@ -54,6 +62,7 @@ GROUPS = {
     "indices": ("used", *CODE_SECTIONS),
     "alternatives": ("alt_mask", "alt_sets", "alt_counts", "alt_levels", "alt_probs"),
 }
+MAX_NUMEL = 1 << 62  # weights a record's shape may hold (torch's sizes are int64)
 FLOAT_DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -172,9 +181,12 @@ def check_record(name: str, rec: Any, blob_bytes: int) -> None:
     shape = rec.get("shape")
     if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
         raise ValueError(f"compressed tensor {name!r}: bad shape {shape!r}")
-    if rec.get("dtype") not in FLOAT_DTYPES:
+    if not isinstance(rec.get("dtype"), str) or rec["dtype"] not in FLOAT_DTYPES:
         raise ValueError(f"compressed tensor {name!r}: unsupported dtype {rec.get('dtype')!r}")
     numel = _numel(shape)
+    if numel >= MAX_NUMEL:
+        raise ValueError(f"compressed tensor {name!r}: shape {shape} holds {numel} weights, beyond {MAX_NUMEL}")
+    _check_mask_field(name, rec.get("mask"), rec["kept"], numel)
     entries = rec["stored_windows"] * rec["K"]
     if not (
         2 <= rec["K"] <= 256
@@ -197,6 +209,15 @@ def check_record(name: str, rec: Any, blob_bytes: int) -> None:
     if bad:
         raise ValueError(f"compressed tensor {name!r}: section sizes (stored, expected) {bad}")
     check_code_record(name, rec, sizes)
+
+
+def _check_mask_field(name: str, mask: Any, kept: int, numel: int) -> None:
+    """The mask encoding is known, and "all" / "none" agree with the kept count: checked from the header alone,
+    before a decoder allocates the shape's weights (a crafted shape of 2^30 with "all" and 96 kept asked for 8 GiB)."""
+    if not isinstance(mask, str) or mask not in MASK_ENCODINGS:
+        raise ValueError(f"compressed tensor {name!r}: field 'mask' must be one of {MASK_ENCODINGS}, got {mask!r}")
+    if (mask == "all" and kept != numel) or (mask == "none" and kept != 0):
+        raise ValueError(f"compressed tensor {name!r}: mask {mask!r} with {kept} of {numel} weights kept")
 
 
 def _numel(shape: list[int]) -> int:

@@ -26,7 +26,15 @@ import torch
 from torch import Tensor
 
 from ._bits import set_bit_indices
-from .packing import decode_kept_positions, encode_mask, pack_bits, packed_length, unpack_bits, unpack_gather
+from .packing import (
+    MASK_ENCODINGS,
+    decode_kept_positions,
+    encode_mask,
+    pack_bits,
+    packed_length,
+    unpack_bits,
+    unpack_gather,
+)
 
 CODE_SECTIONS = ("codes", "codes_hi", "primary", "escapes", "escape_codes")
 ESCAPE_RECORD_BYTES = 64
@@ -126,9 +134,13 @@ def check_code_record(name: str, rec: dict, sizes: dict[str, int]) -> None:
         if bits != field_bits(used):
             raise ValueError(f"compressed tensor {name!r}: code_bits {bits} does not index {used} used entries")
     else:
-        escaped = rec.get("escaped")
+        escaped, escape_mask = rec.get("escaped"), rec.get("escape_mask")
         if isinstance(escaped, bool) or not isinstance(escaped, int) or not 0 <= escaped <= n:
             raise ValueError(f"compressed tensor {name!r}: field 'escaped' must be an int in [0, {n}], got {escaped!r}")
+        if not isinstance(escape_mask, str) or escape_mask not in MASK_ENCODINGS:
+            raise ValueError(
+                f"compressed tensor {name!r}: field 'escape_mask' must be one of {MASK_ENCODINGS}, got {escape_mask!r}"
+            )
         if not (1 <= bits <= 8 and (1 << bits) < used and field_bits(used - (1 << bits)) <= 8):
             raise ValueError(f"compressed tensor {name!r}: bad escaped layout (code_bits {bits}, {used} used entries)")
         expected = {"codes": packed_length(n, bits), "codes_hi": 0, "primary": packed_length(used, 1)}
