@@ -12,7 +12,7 @@ import pytest
 import sqs_theory as st_api
 from hypothesis import given
 from hypothesis import strategies as st
-from sqs_theory import appendix_a, appendix_b, appendix_b_rates, convergence, errata, hellinger
+from sqs_theory import appendix_a, appendix_b, appendix_b_rates, convergence, errata, hellinger, likelihood, rates
 from sqs_theory.__main__ import main
 from sqs_theory.kl import GaussianMixture
 
@@ -24,6 +24,9 @@ non_positive = st.floats(min_value=-1e6, max_value=0.0)
 
 X = np.array([0.5, -1.2, 0.3, 2.0])
 SLAB = GaussianMixture.single(0.0, 1.0)
+_POST = likelihood.SpikeGMMPosterior(
+    lam_tilde=np.array([0.5, 1.0]), phi=np.array([[0.5, 0.5], [1.0, 0.0]]), mu=np.array([-1.0, 1.0]), var=np.zeros(2)
+)
 
 
 # --- the API: each bad argument is named -------------------------------------------------------------
@@ -96,6 +99,20 @@ BAD_CALLS = {
         lambda: appendix_b_rates.check_prior_variance_typo(sigma0_sq=math.nan),
         "sigma0_sq",
     ),
+    # session 63: these returned NaN, a fractional parameter count, or divided by zero
+    "gaussian_nll noise_var<0": (lambda: likelihood.gaussian_nll(np.zeros(3), np.zeros(3), -1.0), "noise_var"),
+    "gaussian_nll noise_var=0": (lambda: likelihood.gaussian_nll(np.zeros(3), np.zeros(3), 0.0), "noise_var"),
+    "gaussian_nll y nan": (lambda: likelihood.gaussian_nll(np.array([math.nan, 0.0]), np.zeros(2), 1.0), "y"),
+    "expected_nll_mc n_samples=1": (
+        lambda: likelihood.expected_nll_mc(
+            _POST, likelihood.linear_predict, np.ones((3, 2)), np.zeros(3), 1.0, n_samples=1
+        ),
+        "n_samples",
+    ),
+    "ReluNet d_in=2.5": (lambda: likelihood.ReluNet(d_in=2.5, width=1), "d_in"),
+    "cond_bound_sigma_sq n=1": (lambda: rates.cond_bound_sigma_sq(10, 1.0, 0.1), "n"),
+    "cond_bound_sigma_sq T=nan": (lambda: rates.cond_bound_sigma_sq(math.nan, 10.0, 0.1), "T"),
+    "cond_bound_sigma_sq rn=inf": (lambda: rates.cond_bound_sigma_sq(10, 10.0, math.inf), "rn"),
 }
 
 

@@ -148,3 +148,19 @@ def test_rates_are_never_nan_over_the_whole_float_range(n, s, L, N, p, delta):
 def test_sigma_n_bracket_refuses_what_its_proof_does_not_define(args, name):
     with pytest.raises(ValueError, match=rf"^{name} must be .* \(in sigma_n_bracket\)$"):
         sigma_n_bracket(*args, True)
+
+
+@given(g=grid_points(), delta=st.floats(0.01, 3.0))
+def test_condition_bound_and_the_theorems_lambda_are_the_papers_formulas(g, delta):
+    """Condition cond:bound (σ_k² ≤ 1 / (2 log(T / (r_n log² n)))) and the Theorem's −log λ = log T + δ[(L + 1) log N
+    + log(√n p)], each written out term by term here: changing log² n to log n, or √n to n, passed the whole theory
+    suite before (a mutation run, session 63)."""
+    T, rn, log_n = g.T, r_n(g.n, g.L, g.N, g.s, g.p), math.log(g.n)
+    log_arg = math.log(T) - math.log(rn) - 2 * math.log(log_n) if rn > 0 else -math.inf
+    bound = cond_bound_sigma_sq(T, g.n, rn)
+    if log_arg > 0:
+        assert bound == pytest.approx(0.5 / log_arg, rel=1e-9)
+    else:
+        assert math.isnan(bound)
+    lam = math.log(T) + delta * (g.L + 1) * math.log(g.N) + delta * (0.5 * log_n + math.log(g.p))
+    assert neg_log_lambda(g.n, g.L, g.N, g.p, delta) == pytest.approx(lam, rel=1e-12)

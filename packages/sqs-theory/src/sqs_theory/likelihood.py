@@ -107,8 +107,13 @@ class SpikeGMMPosterior:
 
 
 def gaussian_nll(y: np.ndarray, pred: np.ndarray, noise_var: float) -> np.ndarray:
-    """``-log p(D | theta) = sum_n (y_n - f_n)^2 / (2 sigma_eps^2) + n/2 log(2 pi sigma_eps^2)``."""
-    resid = np.asarray(y)[None, :] - np.atleast_2d(pred)
+    """``-log p(D | theta) = sum_n (y_n - f_n)^2 / (2 sigma_eps^2) + n/2 log(2 pi sigma_eps^2)``; ``noise_var`` > 0
+    and ``y`` finite (every NLL of this module comes through here: a NaN before session 63)."""
+    check.real("noise_var", noise_var, low=0.0, strict=True)
+    y = np.asarray(y)
+    if not np.isfinite(y).all():
+        raise ValueError("y must be finite (it holds NaN or inf)")
+    resid = y[None, :] - np.atleast_2d(pred)
     return (resid**2).sum(axis=-1) / (2 * noise_var) + 0.5 * y.size * np.log(2 * np.pi * noise_var)
 
 
@@ -125,8 +130,8 @@ class ReluNet:
     width: int
 
     def __post_init__(self) -> None:
-        if self.d_in < 1 or self.width < 1:
-            raise ValueError(f"d_in and width must be >= 1, got {self.d_in, self.width}")
+        object.__setattr__(self, "d_in", check.count("d_in", self.d_in, low=1))  # 2.5 gave n_params 5.5
+        object.__setattr__(self, "width", check.count("width", self.width, low=1))
 
     @property
     def n_params(self) -> int:
@@ -166,7 +171,8 @@ def expected_nll_mc(
     n_samples: int = 20_000,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Monte Carlo ``-E_q log p(D | theta~)``: (estimate, standard error)."""
+    """Monte Carlo ``-E_q log p(D | theta~)``: (estimate, standard error); ``n_samples`` >= 2 (one has no error)."""
+    n_samples = check.count("n_samples", n_samples, low=2)
     nll = gaussian_nll(y, predict(post.sample(n_samples, np.random.default_rng(seed)), X), noise_var)
     return float(nll.mean()), float(nll.std(ddof=1) / np.sqrt(n_samples))
 

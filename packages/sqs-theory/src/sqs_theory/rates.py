@@ -173,7 +173,11 @@ def log_sigma_n_sq(n: float, s: float, L: int, N: int, p: int, B: float, *, squa
 
 
 def cond_bound_sigma_sq(T: int, n: float, rn: float) -> float:
-    """Condition ``cond:bound``: ``sigma_k^2 <= 1 / (2 log(T / (r_n log^2 n)))``; NaN if the log is <= 0."""
+    """Condition ``cond:bound``: ``sigma_k^2 <= 1 / (2 log(T / (r_n log^2 n)))``; NaN where the condition is
+    undefined (the log <= 0, or r_n <= 0). ``T`` >= 1, ``n`` > 1 and ``rn`` finite (n = 1 divided by 0 before)."""
+    T, n, rn = check.count("T", T, low=1), _n(n, log_power=True), check.real("rn", rn)
+    if rn <= 0:
+        return math.nan
     arg = T / (rn * math.log(n) ** 2)
     return 1 / (2 * math.log(arg)) if arg > 1 else math.nan
 
