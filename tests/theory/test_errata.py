@@ -33,8 +33,10 @@ def test_witnesses_show_the_mistakes(errata):
     assert errata["B5-log-slip"].witness["paper_lhs"] > errata["B5-log-slip"].witness["claimed_value"]
     assert errata["B6-vacuous-tau-condition"].witness["log_condition_rhs"] > 0
     assert errata["B7-sigma_n-square"].witness["ratio"] > 1
-    m = errata["B10-delta-range"].witness["M_max_delta=0.25"]
-    assert all(b < a for a, b in itertools.pairwise(m))  # decreasing: cannot diverge
+    b10 = errata["B10-delta-range"].witness
+    assert all(b < a for a, b in itertools.pairwise(b10["M_max_delta=0.25"]))  # one constant: cannot diverge
+    for d in ("0.25", "0.5"):  # lambda's constant apart from s_n's delta = 1.5: diverges
+        assert all(b > a for a, b in itertools.pairwise(b10[f"M_max_delta={d}_s_n_delta=1.5"]))
     b11 = errata["B11-any-M"].witness
     assert b11["-log_lambda_theorem"] < b11["-log_required_bound"]
     h1 = errata["H1-sparsity-definition"].witness

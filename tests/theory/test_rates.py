@@ -59,6 +59,8 @@ def test_lambda_condition_verdicts_on_the_grid():
     assert not check_lambda_condition(0.5).holds
     low = check_lambda_condition(0.25)
     assert not low.holds and low.details["lines_failing"] == low.details["lines"]
+    # lambda's delta apart from s_n's (> 1, as the paper defines it): any lambda delta > 0 meets the Lemma (B10)
+    assert check_lambda_condition(0.25, delta_s=1.5).holds
 
 
 @given(g=grid_points(), delta=st.floats(1.0, 3.0))

@@ -43,17 +43,22 @@ __all__ = [
 ]
 
 
-def check_lambda_condition(delta: float, grid: Iterable[GridPoint] | None = None) -> Verdict:
+def check_lambda_condition(
+    delta: float, grid: Iterable[GridPoint] | None = None, *, delta_s: float | None = None
+) -> Verdict:
     """Theorem's ``-log lambda = log T + delta[(L+1) log N + log(sqrt(n) p)]`` vs Lemma ``lmbound1``'s
     ``lambda <= T^-1 exp(-M n r_n / s_n)`` for a diverging ``M``.
 
     ``M_max(n)`` (the largest admissible ``M``) must grow with ``n`` along every ``(L, N, s, p)`` line and
-    exceed 1; it equals ``delta log^(2 delta - 1)(n)`` times a ratio in ``[1, ...)``, so it diverges iff
-    ``delta > 1/2``.
+    exceed 1; it equals ``delta log^(2 delta_s - 1)(n)`` times a ratio in ``[1, ...)``, with ``delta_s`` the
+    delta of s_n (the paper's: > 1; default ``delta``, one constant). So with one constant it diverges iff
+    ``delta > 1/2`` (where the Lemma, defined for delta > 1, does not reach below 1), and with s_n's own
+    ``delta_s > 1`` for every ``delta > 0`` (erratum B10).
     """
     lines: dict[tuple[int, int, int, int], list[tuple[float, float]]] = defaultdict(list)
     for g in grid if grid is not None else default_grid():
-        lines[(g.L, g.N, g.s, g.p)].append((g.n, lambda_condition_max_m(g.n, g.L, g.N, g.s, g.p, delta)))
+        m_max = lambda_condition_max_m(g.n, g.L, g.N, g.s, g.p, delta, delta_s=delta_s)
+        lines[(g.L, g.N, g.s, g.p)].append((g.n, m_max))
     failing, below_one = 0, 0
     worst: tuple[float, tuple[int, int, int, int] | None] = (math.inf, None)
     for key, pts in lines.items():
@@ -64,13 +69,14 @@ def check_lambda_condition(delta: float, grid: Iterable[GridPoint] | None = None
         if m.min() < worst[0]:
             worst = (float(m.min()), key)
     return Verdict(
-        name=f"lambda-condition(delta={delta:g})",
+        name=f"lambda-condition(delta={delta:g})" + ("" if delta_s is None else f", s_n's delta={delta_s:g}"),
         location="Theorem formal_convergence vs Lemma lmbound1",
         kind="condition",
         claim="the Theorem's lambda satisfies lambda <= T^-1 exp(-M n r_n*/s_n) with M diverging",
         holds=failing == 0,
         details={
             "delta": delta,
+            **({} if delta_s is None else {"delta_s": delta_s}),
             "lines_failing": failing,
             "lines": len(lines),
             "points_M_max_below_1": below_one,

@@ -110,6 +110,7 @@ def appendix_b_verdicts() -> list[Verdict]:
         R.check_lambda_condition(1.5),
         R.check_lambda_condition(0.5),
         R.check_lambda_condition(0.25),
+        R.check_lambda_condition(0.25, delta_s=1.5),
         R.check_chernoff_tail(),
         R.check_lower_tail_typo(),
         R.check_condition_implies_lemma_bound(1.5),

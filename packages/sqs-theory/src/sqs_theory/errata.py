@@ -130,8 +130,12 @@ def _w_footnote() -> dict[str, Any]:
 
 def _w_delta_range() -> dict[str, Any]:
     ns = (1e2, 1e4, 1e8, 1e16)
-    m_max = {f"M_max_delta={d:g}": [lambda_condition_max_m(n, _L, _N, _S, _P, d) for n in ns] for d in (0.25, 0.5, 1.5)}
-    return {"n": list(ns), **m_max, "(L,N,s,p)": [_L, _N, _S, _P]}
+    one = {f"M_max_delta={d:g}": [lambda_condition_max_m(n, _L, _N, _S, _P, d) for n in ns] for d in (0.25, 0.5, 1.5)}
+    apart = {
+        f"M_max_delta={d:g}_s_n_delta=1.5": [lambda_condition_max_m(n, _L, _N, _S, _P, d, delta_s=1.5) for n in ns]
+        for d in (0.25, 0.5)
+    }
+    return {"n": list(ns), **one, **apart, "(L,N,s,p)": [_L, _N, _S, _P]}
 
 
 def _w_any_m() -> dict[str, Any]:
@@ -280,12 +284,13 @@ _ENTRIES = (
         _details(R.check_prior_variance_typo),
     ),
     _Entry(
-        "B10-delta-range", "error",
-        "the Theorem's λ meets Lemma `lmbound1` only for δ > ½, not for \"any δ > 0\"",
-        "Theorem formal_convergence ('for any constant delta > 0') vs Lemma lmbound1 (delta > 1)",
+        "B10-delta-range", "imprecision",
+        "the Theorem's λ reuses the δ that s_n and ε_n take > 1: read as one constant, \"any δ > 0\" must be δ > 1",
+        "Theorem formal_convergence ('for any constant delta > 0') vs s_n and Lemma lmbound1 ('for any delta > 1')",
         "-log lambda = log T + delta[(L+1) log N + log(sqrt(n) p)] for any constant delta > 0.",
-        "Need delta > 1/2 for lambda <= T^-1 exp(-M n r_n*/s_n) with a diverging M "
-        "(M_max = delta log^{2 delta - 1}(n) x ratio); state delta > 1 as in Lemma lmbound1.",
+        "Name lambda's constant apart (delta' > 0): with s_n's delta > 1, M_max = delta' log^{2 delta - 1}(n) x ratio "
+        "diverges for every delta' > 0, as Lemma lmbound1 needs. Read as the same delta, state delta > 1: s_n and the "
+        "Lemma are defined for nothing less (with one constant, M_max diverges iff delta > 1/2).",
         _w_delta_range,
     ),
     _Entry(

@@ -121,22 +121,27 @@ def neg_log_lambda(n: float, L: int, N: int, p: int, delta: float, *, T: int | N
     return math.log(T) + delta * ((L + 1) * math.log(N) + math.log(math.sqrt(n) * p))
 
 
-def lambda_condition_max_m(n: float, L: int, N: int, s: float, p: int, delta: float) -> float:
+def lambda_condition_max_m(
+    n: float, L: int, N: int, s: float, p: int, delta: float, *, delta_s: float | None = None
+) -> float:
     """Largest ``M`` with ``lambda <= T^-1 exp(-M n r_n / s_n)`` for the Theorem's lambda.
 
     Lemma ``lmbound1`` needs this for a diverging ``M``: ``M_max = (-log lambda - log T) s_n / (n r_n)``.
-    ``n > 1``, ``s > 0``, ``delta > 0``. With s_n / (n r_n) = log^(2 delta - 1)(n) / b, b = (L + 1) log N + log p
-    + (log n - log s) / 2 (s cancels), and -log lambda - log T = delta [(L + 1) log N + log(sqrt(n) p)], it is
-    evaluated in log space: the literal product gave 0 * inf = NaN and 0 / 0 at the edges of float range. +inf
-    where b <= 0 (r_n <= 0: every M >= 0 satisfies the condition, the margin being >= 0).
+    ``n > 1``, ``s > 0``, ``delta > 0`` (the Theorem's, in lambda); ``delta_s`` the delta of
+    ``s_n = s* log^(2 delta - 1)(n)``, which the paper defines for delta > 1 and writes with the same symbol
+    (default: ``delta``, one constant; erratum B10). With s_n / (n r_n) = log^(2 delta_s - 1)(n) / b, b = (L + 1)
+    log N + log p + (log n - log s) / 2 (s cancels), and -log lambda - log T = delta [(L + 1) log N + log(sqrt(n) p)],
+    it is evaluated in log space: the literal product gave 0 * inf = NaN and 0 / 0 at the edges of float range.
+    +inf where b <= 0 (r_n <= 0: every M >= 0 satisfies the condition, the margin being >= 0).
     """
     n, s, delta, (L, N, p) = _n(n, log_power=True), _s(s), _delta(delta), _architecture(L, N, p)
+    delta_s = delta if delta_s is None else check.real("delta_s", delta_s, low=0.0, strict=True)
     log_n = math.log(n)
     b = _rate_bracket(n, L, N, s, p)
     if b <= 0:
         return math.inf
     margin_terms = (L + 1) * math.log(N) + math.log(p) + 0.5 * log_n  # > 0: n > 1
-    return _exp_or_inf(math.log(delta) + math.log(margin_terms) + (2 * delta - 1) * math.log(log_n) - math.log(b))
+    return _exp_or_inf(math.log(delta) + math.log(margin_terms) + (2 * delta_s - 1) * math.log(log_n) - math.log(b))
 
 
 def check_bn_above_one(B: float, N: int) -> None:
