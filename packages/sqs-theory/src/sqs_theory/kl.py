@@ -140,30 +140,18 @@ def _breakpoints(*mixtures: GaussianMixture, support_of: GaussianMixture) -> np.
             pts.extend(mix.means - c * mix.sds)
             pts.extend(mix.means + c * mix.sds)
     arr = np.unique(np.clip(np.asarray(pts, dtype=float), lo, hi))
-    # Merge near-duplicate points: slivers far below every scale only upset quad's error estimate.
-    min_gap = 1e-6 * min(float(m.sds.min()) for m in mixtures)
+    return _without_slivers(arr, 1e-6 * min(float(m.sds.min()) for m in mixtures))
+
+
+def _without_slivers(arr: np.ndarray, min_gap: float) -> np.ndarray:
+    """The sorted breakpoints ``arr`` with those closer than ``min_gap`` to the last kept one (or to the end)
+    merged: slivers far below every scale only upset quad's error estimate."""
     keep = [arr[0]]
     for x in arr[1:-1]:
         if x - keep[-1] > min_gap and arr[-1] - x > min_gap:
             keep.append(x)
     keep.append(arr[-1])
     return np.asarray(keep)
-
-
-def _scalar_logpdf(mix: GaussianMixture) -> Callable[[float], float]:
-    """A fast scalar ``log p(x)`` (pure-Python logsumexp; quad calls it one point at a time)."""
-    comps = [
-        (math.log(w) - 0.5 * math.log(2 * math.pi * v), m, 0.5 / v)
-        for w, m, v in zip(mix.weights, mix.means, mix.variances, strict=True)
-        if w > 0
-    ]
-
-    def logpdf(x: float) -> float:
-        terms = [c - h * (x - m) ** 2 for c, m, h in comps]
-        top = max(terms)
-        return top + math.log(math.fsum(math.exp(t - top) for t in terms))
-
-    return logpdf
 
 
 def _check_mixtures(p: GaussianMixture, q: GaussianMixture) -> None:
@@ -225,13 +213,7 @@ def _z_breakpoints(mean: float, sd: float, *mixtures: GaussianMixture) -> np.nda
             pts.extend(offsets - c * mix.sds / sd)
             pts.extend(offsets + c * mix.sds / sd)
     arr = np.unique(np.clip(np.nan_to_num(np.asarray(pts, dtype=float)), -_TAIL_SDS, _TAIL_SDS))
-    min_gap = 1e-6 * min(1.0, min(float(m.sds.min()) for m in mixtures) / sd)  # slivers upset quad's estimate
-    keep = [arr[0]]
-    for x in arr[1:-1]:
-        if x - keep[-1] > min_gap and arr[-1] - x > min_gap:
-            keep.append(x)
-    keep.append(arr[-1])
-    return np.asarray(keep)
+    return _without_slivers(arr, 1e-6 * min(1.0, min(float(m.sds.min()) for m in mixtures) / sd))
 
 
 def kl_mixture_mp(p: GaussianMixture, q: GaussianMixture, *, dps: int = 30) -> float:
