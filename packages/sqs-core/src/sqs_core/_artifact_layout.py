@@ -28,10 +28,17 @@ import torch
 from torch import Tensor
 
 from ._bits import set_bit_indices
-from ._codes import CODE_SECTIONS, check_code_record, decode_ranks, decode_values, encode_codes, field_bits
+from ._codes import (
+    CODE_SECTIONS,
+    check_code_record,
+    check_mask_encoding,
+    decode_ranks,
+    decode_values,
+    encode_codes,
+    field_bits,
+)
 from .discrete import DiscretePosterior
 from .packing import (
-    MASK_ENCODINGS,
     decode_kept_positions,
     decode_mask,
     encode_mask,
@@ -214,8 +221,7 @@ def check_record(name: str, rec: Any, blob_bytes: int) -> None:
 def _check_mask_field(name: str, mask: Any, kept: int, numel: int) -> None:
     """The mask encoding is known, and "all" / "none" agree with the kept count: checked from the header alone,
     before a decoder allocates the shape's weights (a crafted shape of 2^30 with "all" and 96 kept asked for 8 GiB)."""
-    if not isinstance(mask, str) or mask not in MASK_ENCODINGS:
-        raise ValueError(f"compressed tensor {name!r}: field 'mask' must be one of {MASK_ENCODINGS}, got {mask!r}")
+    check_mask_encoding(name, "mask", mask)
     if (mask == "all" and kept != numel) or (mask == "none" and kept != 0):
         raise ValueError(f"compressed tensor {name!r}: mask {mask!r} with {kept} of {numel} weights kept")
 

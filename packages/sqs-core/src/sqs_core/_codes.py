@@ -124,6 +124,12 @@ def _size(sections: dict[str, Tensor]) -> int:
 
 
 # -- validation -------------------------------------------------------------------------------------------
+def check_mask_encoding(name: str, field: str, value: Any) -> None:
+    """A ValueError unless a record's mask field (``mask``, ``escape_mask``) names a known encoding."""
+    if not isinstance(value, str) or value not in MASK_ENCODINGS:
+        raise ValueError(f"compressed tensor {name!r}: field {field!r} must be one of {MASK_ENCODINGS}, got {value!r}")
+
+
 def check_code_record(name: str, rec: dict, sizes: dict[str, int]) -> None:
     """Raise ValueError unless the record's code fields and computable code-section sizes agree."""
     n, used, bits = rec["kept"], rec["codes_used"], rec["code_bits"]
@@ -137,10 +143,7 @@ def check_code_record(name: str, rec: dict, sizes: dict[str, int]) -> None:
         escaped, escape_mask = rec.get("escaped"), rec.get("escape_mask")
         if isinstance(escaped, bool) or not isinstance(escaped, int) or not 0 <= escaped <= n:
             raise ValueError(f"compressed tensor {name!r}: field 'escaped' must be an int in [0, {n}], got {escaped!r}")
-        if not isinstance(escape_mask, str) or escape_mask not in MASK_ENCODINGS:
-            raise ValueError(
-                f"compressed tensor {name!r}: field 'escape_mask' must be one of {MASK_ENCODINGS}, got {escape_mask!r}"
-            )
+        check_mask_encoding(name, "escape_mask", escape_mask)
         if not (1 <= bits <= 8 and (1 << bits) < used and field_bits(used - (1 << bits)) <= 8):
             raise ValueError(f"compressed tensor {name!r}: bad escaped layout (code_bits {bits}, {used} used entries)")
         expected = {"codes": packed_length(n, bits), "codes_hi": 0, "primary": packed_length(used, 1)}

@@ -21,6 +21,7 @@ from .layers import SQSLayer, adapter_for, compressed_names
 
 __all__ = [
     "TieDeclarations",
+    "aliased_keys",
     "check_tied_settings",
     "check_ties",
     "declare_tie_aliases",
@@ -93,18 +94,22 @@ def declare_tie_aliases(model: nn.Module) -> None:
     shared tensors ... not properly defined"); loading the file back with ``load_state_dict(strict=False)`` fills
     each shared tensor through the name kept."""
     layers = {name: layer for name, layer in model.named_modules() if isinstance(layer, SQSLayer)}
-    groups: dict[int, list[str]] = {}
-    for key, tensor in model.state_dict(keep_vars=True).items():
-        groups.setdefault(id(tensor), []).append(key)
-    for keys in groups.values():
-        if len(keys) < 2:
-            continue
+    for keys in aliased_keys(model.state_dict(keep_vars=True)):
         owners = [_innermost_layer(key, layers) for key in keys]
         kept = next((key for key, owner in zip(keys, owners, strict=True) if owner is None), keys[0])
         for key, owner in zip(keys, owners, strict=True):
             if key != kept and owner is not None:
                 aliases = layers[owner].__dict__.setdefault("_tied_weights_keys", {})
                 aliases[re.escape(key[len(owner) + 1 :]) + "$"] = kept
+
+
+def aliased_keys(state: dict[str, Any]) -> list[list[str]]:
+    """The keys of ``state`` (a ``state_dict(keep_vars=True)``) that name one tensor under several names, a list
+    per tensor, each in state order."""
+    groups: dict[int, list[str]] = {}
+    for key, tensor in state.items():
+        groups.setdefault(id(tensor), []).append(key)
+    return [keys for keys in groups.values() if len(keys) > 1]
 
 
 def _innermost_layer(key: str, layers: dict[str, SQSLayer]) -> str | None:

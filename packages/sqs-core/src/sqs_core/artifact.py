@@ -34,6 +34,7 @@ from ._artifact_file import (
 from ._artifact_layout import FLOAT_DTYPES, encode, parameter_names
 from ._checks import check_flag, check_generator
 from ._safetensors_format import safetensors_chunks
+from ._ties import aliased_keys
 from .files import replaced_file, write_atomic
 from .inference import BayesianAverage, check_arguments, discrete_posteriors
 from .layers import SQSLayer
@@ -215,10 +216,7 @@ def _check_skeleton_ties(art: Artifact, expected: dict[str, torch.Tensor]) -> No
     sources = {key: ("dense", key) for key in art.dense}
     for rec in art.records:
         sources.update(dict.fromkeys(weight_keys(rec), ("record", record_name(rec))))
-    groups: dict[int, list[str]] = {}
-    for key, value in expected.items():
-        groups.setdefault(id(value), []).append(key)
-    for keys in (k for k in groups.values() if len(k) > 1):
+    for keys in aliased_keys(expected):
         kinds = {sources[k] for k in keys}
         if all(kind == "dense" for kind, _ in kinds):
             first = art.dense[keys[0]]
