@@ -15,6 +15,7 @@ import pytest
 import safetensors.torch
 import sqs_core as sqs
 import torch
+from crafted_files import resealed
 from sqs_core import _artifact_file as container_module
 from sqs_core.__main__ import main
 from sqs_core._artifact_file import (
@@ -260,17 +261,6 @@ def test_upgrade_of_tied_layers_without_alternatives(tmp_path):
         sqs.load(new, copy.deepcopy(skeleton), mode="sample", generator=torch.Generator())
 
 
-def _resealed(path: Path, out: Path, edit) -> Path:
-    """A crafted file: the body changed by ``edit`` and every checksum recomputed (anyone can), so only the
-    checks of the fields themselves stand between it and the decoders."""
-    from sqs_core import artifact as artifact_module
-
-    art, body = read_artifact(path), _body(path)
-    edit(body["compressed"][0])
-    artifact_module._write(str(out), body, list(art.blobs.values()), dict(art.dense))
-    return out
-
-
 def _big_all(rec: dict) -> None:
     rec["mask"], rec["shape"] = "all", [1 << 16, 1 << 14]  # 2^30 weights, a few kept: 8 GiB of positions
 
@@ -289,7 +279,7 @@ def test_crafted_record_fields_are_refused_from_the_header(saved, tmp_path, edit
     """A missing or mistyped mask or dtype failed with KeyError / TypeError deep in the decoders, and a shape the
     mask contradicts made upgrade allocate every weight's position (8 GiB) first (session 63)."""
     _, skeleton, path = saved
-    bad = _resealed(path, tmp_path / "bad.sqs", edit)
+    bad = resealed(path, tmp_path / "bad.sqs", lambda records, _: edit(records[0]))
     before = {k: v.clone() for k, v in skeleton.state_dict().items()}
     for call in (lambda: sqs.load(bad, skeleton), lambda: sqs.upgrade(bad, tmp_path / "up.sqs")):
         with pytest.raises(ValueError, match=message):
@@ -325,7 +315,7 @@ def test_an_escaped_record_without_its_escape_mask_is_refused(tmp_path):
     path = tmp_path / "m.sqs"
     sqs.save(model, path, nonzero=1.0)
     assert "escape_mask" in read_artifact(path).records[0]
-    bad = _resealed(path, tmp_path / "bad.sqs", lambda rec: rec.pop("escape_mask"))
+    bad = resealed(path, tmp_path / "bad.sqs", lambda records, _: records[0].pop("escape_mask"))
     for call in (lambda: sqs.load(bad, skeleton), lambda: sqs.upgrade(bad, tmp_path / "up.sqs")):
         with pytest.raises(ValueError, match="field 'escape_mask' must be one of"):
             call()

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import sqs_core as sqs
 import torch
+from crafted_files import resealed
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqs_core import artifact as artifact_module
 from sqs_core.__main__ import main
-from sqs_core._artifact_file import read_artifact
 from torch import nn
 
 
@@ -41,19 +40,6 @@ def _state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _unchanged(model: nn.Module, before: dict[str, torch.Tensor]) -> bool:
     return all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-
-
-def _resealed(source: Path, out: Path, edit) -> Path:
-    """A copy of ``source`` whose blobs ``edit(records, blobs)`` changed in place, every checksum valid
-    (what a writer with a bug, or an older version, could have produced)."""
-    art = read_artifact(source)
-    records = [dict(r) for r in art.records]
-    blobs = [art.blobs[r["layers"][0]].clone() for r in records]
-    edit(records, blobs)
-    keys = ("config", "nonzero", "per_layer", "alternatives")
-    body = {**{k: art.header.get(k) for k in keys}, "compressed": records}
-    artifact_module._write(out, body, blobs, dict(art.dense))
-    return out
 
 
 # -- 1. load_bayesian_average checks everything before it writes -----------------------------------------
@@ -159,7 +145,7 @@ def test_non_finite_codebook_is_refused(saved, value, which, at):
         blobs[which][: levels * 4].view(torch.float32)[at.draw(st.integers(0, levels - 1))] = value
 
     with tempfile.TemporaryDirectory() as folder:
-        bad = _resealed(path, Path(folder) / "bad.sqs", poison)
+        bad = resealed(path, Path(folder) / "bad.sqs", poison)
         skeleton = mlp(7)
         before = _state(skeleton)
         name = ["0", "2"][which]
@@ -178,7 +164,7 @@ def test_bad_alternative_probabilities_are_refused(saved, tmp_path, value):
         assert records[1]["alternatives"] > 0  # alt_probs, float16, is the blob's last section
         blobs[1][-2:] = torch.tensor([value], dtype=torch.float16).view(torch.uint8)
 
-    bad = _resealed(path, tmp_path / "bad.sqs", poison)
+    bad = resealed(path, tmp_path / "bad.sqs", poison)
     skeleton = mlp(7)
     before = _state(skeleton)
     with pytest.raises(ValueError, match="'2' has alternative probabilities that are NaN, infinite or negative"):
