@@ -158,3 +158,18 @@ def test_a_prepared_recurrent_layer_computes_after_it_is_moved(case):
     fixed = model(x).detach()
     model.double()
     torch.testing.assert_close(model(x.double()).float(), fixed, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_prepared_recurrent_model_deep_copies_after_a_training_forward(case):
+    """The flat-weight cache held the substituted weights of the last forward (graph nodes), so ``copy.deepcopy``
+    of the model, or of a BayesianAverage over it, failed after a training forward; the copy trains as the model."""
+    model = sqs.prepare_(_model(case), sqs.SQSConfig(num_components=4))
+    x = _sequences()
+    model(x).square().mean().backward()
+    again = copy.deepcopy(model)
+    torch.testing.assert_close(again(x), model(x), rtol=0, atol=0)
+    average = sqs.BayesianAverage(model, samples=2, generator=torch.Generator().manual_seed(0))
+    copied = copy.deepcopy(average)
+    with torch.no_grad():
+        torch.testing.assert_close(copied(x), average(x), rtol=0, atol=0)

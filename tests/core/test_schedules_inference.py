@@ -26,7 +26,7 @@ def test_cubic_schedule_formula(target, total, start):
     rates = [sched.nonzero_at(t) for t in range(total + 1)]
     assert all(a >= b - 1e-12 for a, b in itertools.pairwise(rates))  # monotone
     assert rates[0] == 1.0 or start == 0
-    assert math.isclose(sched.nonzero_at(total), target)
+    assert sched.nonzero_at(total) == target  # exactly: greedy_(nonzero=target) keeps what the mask keeps
     mid = (sched.start + sched.end) / 2
     if sched.end > sched.start and mid == int(mid):
         assert math.isclose(sched.nonzero_at(int(mid)), 1 - (1 - target) * (1 - 0.125))
@@ -232,6 +232,18 @@ def test_pruning_schedule_reaches_target_and_gate_temperature_halves():
     masks = torch.cat([q.mask.reshape(-1) for q in sqs.posteriors(model).values()])
     assert int(masks.sum()) == round(0.3 * masks.numel())
     assert math.isclose(float(p.gate_temperature), tau0 / 2)
+
+
+@pytest.mark.parametrize("target", [0.3, 0.1, 0.7])
+def test_the_schedules_last_mask_keeps_what_inference_at_the_target_keeps(target):
+    """1 − (1 − 0.3)·1 is 0.30000000000000004: on 15 weights the schedule's last mask kept 5, greedy_(nonzero=0.3) 4."""
+    torch.manual_seed(0)
+    model = sqs.prepare_(nn.Sequential(nn.Linear(5, 3, bias=False)), sqs.SQSConfig(num_components=2))
+    sched = sqs.PruningSchedule(model, target_nonzero=target, total_steps=4)
+    assert sched.step(4) == target
+    mask = sqs.posteriors(model)["0"].mask.reshape(-1)
+    keep = sqs.discrete_posteriors(model, nonzero=target)["0"].keep.reshape(-1)
+    assert int(mask.sum()) == round(target * 15) and torch.equal(keep, mask)
 
 
 def test_sampling_is_seeded_and_averaging_one_sample_equals_one_draw():

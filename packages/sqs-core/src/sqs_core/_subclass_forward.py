@@ -85,10 +85,22 @@ def call_substituted(base: nn.Module, method: str, read: bool, weights: dict, ar
     """``base.<method>(*args, **kwargs)`` (or the property read) with ``weights`` (its parameters by name) substituted
     by ``torch.func.functional_call``; while ``torch.jit.trace`` runs, which functional_call refuses ("The stateless API
     can't be used with Jitted modules": a fixed LSTM or attention did not trace), set on ``base`` for the call and
-    restored after it (the trace records them as constants: a fixed model's weights)."""
+    restored after it (the trace records them as constants: a fixed model's weights).
+
+    An nn.RNN/LSTM/GRU's ``_flat_weights`` cache is reset after the call: it held the substituted weights, graph
+    nodes of the training forward, so ``copy.deepcopy(model)`` failed after it ("Only Tensors created explicitly by
+    the user ... support the deepcopy protocol"; before session 64) and the cache kept that graph alive."""
     call = MethodCall(base, method, read=read)
-    if not torch.jit.is_tracing():
-        return torch.func.functional_call(call, {f"module.{k}": w for k, w in weights.items()}, args, kwargs)
+    try:
+        if not torch.jit.is_tracing():
+            return torch.func.functional_call(call, {f"module.{k}": w for k, w in weights.items()}, args, kwargs)
+        return _call_with_parameters_set(base, call, weights, args, kwargs)
+    finally:
+        if isinstance(base, nn.RNNBase):
+            base._init_flat_weights()  # None again for the compressed weights, as prepare_ left them
+
+
+def _call_with_parameters_set(base: nn.Module, call: MethodCall, weights: dict, args: tuple, kwargs: dict) -> Any:
     held = {name: base._parameters.get(name) for name in weights}  # None on a prepared module
     try:
         base._parameters.update(weights)

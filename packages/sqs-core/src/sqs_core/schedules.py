@@ -88,8 +88,9 @@ class PruningSchedule:
             return 1.0
         span = self.end - self.start
         progress = 1.0 if span == 0 else min(1.0, (step - self.start) / span)
-        pruned = (1.0 - self.target_nonzero) * (1.0 - (1.0 - progress) ** 3)
-        return 1.0 - pruned
+        # target + (1 − target)(1 − progress)³: exactly the target at the end, where 1 − (1 − target)·1 was not
+        # (0.30000000000000004 for 0.3), and the mask could keep one weight more or fewer than greedy_(nonzero=target)
+        return self.target_nonzero + (1.0 - self.target_nonzero) * (1.0 - progress) ** 3
 
     @without_autocast
     def step(self, step: int) -> float:
