@@ -2,6 +2,7 @@
 from its state_dict or a fresh one that infers it."""
 
 import copy
+import dataclasses
 
 import pytest
 import sqs_core as sqs
@@ -148,6 +149,40 @@ def test_a_checkpoint_of_another_k_or_without_window_ids_is_refused_clearly():
     partial = {k: v for k, v in state.items() if not k.endswith("window_ids")}
     with pytest.raises(RuntimeError, match="holds no window_ids"):
         _fresh(sqs.SQSConfig(num_components=4)).load_state_dict(partial, strict=False)
+
+
+@pytest.mark.parametrize(
+    ("changed", "said"),
+    [
+        ({"prior": sqs.GaussianPrior(slab_std=1.0)}, "prior {'keep_prob': 0.5, 'kind': 'spike_slab', 'slab_std': 1.0}"),
+        ({"temperature": 0.1}, "temperature 0.0005 in the checkpoint, 0.1 here"),
+        ({"gate_temperature": 0.05}, "gate_temperature 0.0125 in the checkpoint, 0.05 here"),
+        ({"likelihood": "moment_matched"}, "likelihood 'plugin' in the checkpoint, 'moment_matched' here"),
+        ({"responsibility": "standard", "kl_weight": 1.0}, "responsibility 'paper' in the checkpoint, 'standard'"),
+    ],
+)
+def test_a_checkpoint_trained_under_other_settings_loads_with_a_warning_naming_them(changed, said, caplog):
+    """Every tensor fits, so such a checkpoint loaded without a word before session 64 while the resumed run
+    trained another objective or forward; the model keeps its own settings, and the same config loads quietly."""
+    config = sqs.SQSConfig(num_components=4)
+    state = sqs.prepare_(_with_outliers(0), config).state_dict()
+    with caplog.at_level("WARNING", logger="sqs_core.load"):
+        _fresh(config).load_state_dict(state)
+        assert not caplog.records
+        other = _fresh(dataclasses.replace(config, **changed))
+        own = other.state_dict()["0.posterior.settings"].clone()
+        other.load_state_dict(state)
+    assert said in caplog.records[0].getMessage() and "layer '0'" in caplog.records[0].getMessage()
+    assert torch.equal(other.state_dict()["0.posterior.settings"], own)
+
+
+def test_a_checkpoint_without_settings_loads_and_malformed_ones_are_refused():
+    config = sqs.SQSConfig(num_components=4)
+    state = sqs.prepare_(_with_outliers(0), config).state_dict()
+    older = {k: v for k, v in state.items() if not k.endswith(".settings")}  # saved before session 64
+    _fresh(config).load_state_dict(older)
+    with pytest.raises(RuntimeError, match="'0.posterior.settings' must be the JSON of a layer's SQS settings"):
+        _fresh(config).load_state_dict({**state, "0.posterior.settings": torch.zeros(3)})
 
 
 def test_per_window_names_every_tensor_whose_size_follows_the_window_count():

@@ -28,6 +28,7 @@ from ._forward_cache import SharedMoments, log_other_tensors, pointers, sharing_
 from ._gate_kl import gate_kl
 from ._mask_write import any_returning, sole_owner
 from ._posterior_init import initial_gate_logits, initial_mixtures
+from ._load_settings import compare_settings, settings_tensor
 from ._window_load import take_pinned_rows, take_window_count
 from .chunked import (
     PosteriorSpec,
@@ -67,6 +68,7 @@ class SpikeGMMPosterior(nn.Module):
     window_edges: torch.Tensor
     mask: torch.Tensor  # the pruning schedule's hard mask (bool)
     gate_temperature: torch.Tensor  # τ' as a 0-d buffer (halved by GateTemperatureSchedule)
+    settings: torch.Tensor  # the config's settings a load compares (sqs_core._load_settings), JSON as uint8
     sharers: int = 1  # the SQS layers that share this posterior (tied weights); prepare_ sets it
 
     def __init__(self, weight: torch.Tensor, config: SQSConfig, *, generator: torch.Generator) -> None:
@@ -89,6 +91,7 @@ class SpikeGMMPosterior(nn.Module):
         self.register_buffer("window_edges", edges.to(dev, dtype))
         self.register_buffer("mask", torch.ones(theta.shape, dtype=torch.bool, device=dev))
         self.register_buffer("gate_temperature", torch.tensor(float(config.gate_temperature), device=dev))
+        self.register_buffer("settings", settings_tensor(config, dev))  # compared on load (_load_settings)
         # an empty tensor whose dtype is the layer's: model.to(dtype), .float() and .half() move it along
         self.register_buffer("dtype_probe", torch.empty(0, dtype=weight_dtype, device=dev), persistent=False)
         self.config = config
@@ -96,6 +99,7 @@ class SpikeGMMPosterior(nn.Module):
         self.register_load_state_dict_post_hook(self._pin_after_load)
         self.register_load_state_dict_pre_hook(take_window_count)  # outlier windows: W varies
         self.register_load_state_dict_pre_hook(take_pinned_rows)  # a checkpoint from before they were saved
+        self.register_load_state_dict_pre_hook(compare_settings)
         self._kstar: torch.Tensor | None = None
         self._pending_kl: tuple[torch.Tensor, tuple] | None = None  # (KL of the last forward, _kl_key then)
         self._ranges_key: tuple | None = None
