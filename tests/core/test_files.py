@@ -62,3 +62,19 @@ def test_folders_fifos_and_unwritable_places_are_refused_by_name(tmp_path):
     with pytest.raises(FileNotFoundError) as info:
         files.write_atomic(tmp_path / "missing" / "f", "x")
     assert info.value.filename == str(tmp_path / "missing" / "f")  # the user's path, not the temporary one
+
+
+def test_a_link_to_a_pipe_like_dev_stdout_is_refused(tmp_path):
+    """/dev/stdout into a pipe resolves (realpath) to /proc/<pid>/fd/pipe:[..], a name that does not exist: it was
+    taken for a new file there, and the write failed on the temporary file's path instead of refusing the pipe."""
+    read_end, write_end = os.pipe()
+    try:
+        link = tmp_path / "stdout"
+        link.symlink_to(f"/proc/self/fd/{write_end}")
+        if not os.path.exists(link):
+            pytest.skip("no /proc/self/fd on this system")
+        with pytest.raises(ValueError, match="is not a regular file"):
+            files.write_atomic(link, "x")
+    finally:
+        os.close(read_end)
+        os.close(write_end)

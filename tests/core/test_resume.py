@@ -181,7 +181,7 @@ def test_a_checkpoint_without_settings_loads_and_malformed_ones_are_refused():
     state = sqs.prepare_(_with_outliers(0), config).state_dict()
     older = {k: v for k, v in state.items() if not k.endswith(".settings")}  # saved before session 64
     _fresh(config).load_state_dict(older)
-    with pytest.raises(RuntimeError, match="'0.posterior.settings' must be the JSON of a layer's SQS settings"):
+    with pytest.raises(RuntimeError, match=r"'0\.posterior\.settings' must be the JSON of a layer's SQS settings"):
         _fresh(config).load_state_dict({**state, "0.posterior.settings": torch.zeros(3)})
 
 

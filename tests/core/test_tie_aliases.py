@@ -76,8 +76,9 @@ def test_tied_layers_declare_their_aliases_and_the_state_without_them_restores_t
 
     fresh = _trained(factory, seed=1)
     result = fresh.load_state_dict({k: v.clone() for k, v in state.items()}, strict=False)
-    # pinned rows absent from a state keep the posterior's own (a checkpoint from before they were saved): not missing
-    assert set(result.missing_keys) == {k for k in dropped if not k.endswith("._extra_state")}
+    # pinned rows and settings absent from a state keep the posterior's own (a checkpoint from before they were
+    # saved): not missing
+    assert set(result.missing_keys) == {k for k in dropped if not k.endswith(("._extra_state", ".settings"))}
     assert not result.unexpected_keys
     assert fresh.get_submodule(first).posterior is fresh.get_submodule(second).posterior  # still one posterior
     for key, value in model.state_dict().items():

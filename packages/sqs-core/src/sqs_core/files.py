@@ -30,7 +30,9 @@ def replaced_file(where: str | os.PathLike[str]) -> tuple[Path, int | None]:
             raise NotADirectoryError(errno.ENOTDIR, "ends with a separator but is a file, not a folder", text)
         raise IsADirectoryError(errno.EISDIR, "ends with a separator: names a folder, not a file", text)
     try:
-        info = real.stat()
+        # the user's path, the kernel following its links: /dev/stdout into a pipe resolves (realpath) to
+        # /proc/<pid>/fd/pipe:[..], a name that does not exist, which realpath cannot tell from a new file
+        info = os.stat(where)
     except FileNotFoundError:
         return real, None
     if stat.S_ISDIR(info.st_mode):

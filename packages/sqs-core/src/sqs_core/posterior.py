@@ -26,9 +26,9 @@ from ._compile_guard import eager_under_torch_compile
 from ._compiled import use_compiled
 from ._forward_cache import SharedMoments, log_other_tensors, pointers, sharing_is_safe, tensor_key
 from ._gate_kl import gate_kl
+from ._load_settings import compare_settings, settings_tensor
 from ._mask_write import any_returning, sole_owner
 from ._posterior_init import initial_gate_logits, initial_mixtures
-from ._load_settings import compare_settings, settings_tensor
 from ._window_load import take_pinned_rows, take_window_count
 from .chunked import (
     PosteriorSpec,
