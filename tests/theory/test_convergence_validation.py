@@ -55,7 +55,7 @@ def _project(w1=T1, w2=T2, **kwargs):
 
 
 def _risk(x_test=X_TEST, f0=F0, model=None, **kwargs):
-    args = {"sigma": 0.1, "density": 0.6, "draws": 1, "generator": _gen(), **kwargs}
+    args = {"sigma": 0.1, "density": 0.6, "draws": 2, "generator": _gen(), **kwargs}
     return risk.risk_summary(model or _sqs_model(), x_test, f0, **args)
 
 
@@ -387,7 +387,8 @@ def test_integral_floats_are_taken_as_the_ints(seed):
     bad=st.one_of(st.floats(0.1, 100).filter(lambda v: not v.is_integer()), st.just(True), st.integers(-5, 0)),
 )
 def test_tier_counts_are_integers_above_zero(key, bad):
-    with pytest.raises(ValueError, match=rf"^{key} must be an integer >= 1, got .* \(in Tier\)$"):
+    low = 2 if key == "draws" else 1  # a standard error over the M draws needs two
+    with pytest.raises(ValueError, match=rf"^{key} must be an integer >= {low}, got .* \(in Tier\)$"):
         _tier(**{key: bad})
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "fraction",
     "probability_array",
     "real",
+    "rng",
     "seed",
     "weight_pair",
     "within",
@@ -49,8 +50,14 @@ def real(name: str, value: Any, *, low: float = -math.inf, high: float = math.in
     return value
 
 
-def count(name: str, value: Any, *, low: int = 0) -> int:
-    """An integer ``>= low`` (an integral float such as ``2.0`` is accepted and returned as ``2``)."""
+def count(name: str, value: Any, *, low: int = 0, high: int | None = None) -> int:
+    """An integer ``>= low`` (and ``<= high`` if given; an integral float such as ``2.0`` is accepted and
+    returned as ``2``)."""
+    if high is not None:
+        whole = count(name, value, low=low)
+        if whole > high:
+            raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+        return whole
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     if isinstance(value, numbers.Integral):
@@ -114,6 +121,13 @@ def _first(arr: np.ndarray, bad: np.ndarray) -> str:
     return f"{value!r} at index {index[0] if len(index) == 1 else index}" if index else repr(value)
 
 
+def rng(name: str, value: Any) -> np.random.Generator:
+    """A ``numpy.random.Generator`` (a seed or the legacy RandomState has other methods: an AttributeError)."""
+    if not isinstance(value, np.random.Generator):
+        raise ValueError(f"{name} must be a numpy.random.Generator (np.random.default_rng(seed)), got {value!r:.80}")
+    return value
+
+
 def weight_pair(w1: Any, w2: Any, names: tuple[str, str] = ("w1", "w2")) -> tuple[np.ndarray, np.ndarray]:
     """A ``p -> width -> 1`` network's weights as float arrays: finite, w1 a non-empty (width, p) matrix and w2
     (1, width)."""
@@ -168,6 +182,7 @@ _KINDS: dict[str, Callable[[str, Any], Any]] = {
     "count": functools.partial(count, low=1),  # an integer >= 1
     "size": count,  # an integer >= 0
     "seed": seed,  # an integer >= 0
+    "rng": rng,  # a numpy.random.Generator
     "positives": _positives,  # an iterable of finite reals > 0
     "finite_array": finite_array,  # a float array, every entry finite (returned as the array)
     "positive_array": functools.partial(finite_array, positive=True),  # ... and > 0
@@ -180,7 +195,7 @@ def arguments(**kinds: str | Callable[[str, Any], Any]) -> Callable[[_F], _F]:
     """A decorator checking the named arguments (passed or defaulted) before the function runs, each by its kind:
     ``real``, ``positive``, ``nonnegative``, ``probability``, ``fraction`` (in (0, 1]), ``at_least_one`` (a real
     >= 1), ``count`` (an integer >= 1; an integral float is passed on as the int), ``size`` (an integer >= 0,
-    likewise), ``seed``, ``positives``, ``finite_array`` and ``positive_array`` (passed on as the float array),
+    likewise), ``seed``, ``rng``, ``positives``, ``finite_array`` and ``positive_array`` (passed on as the float array),
     or a callable ``check(name, value)`` returning the value to pass on (or None to keep it). A failed check's
     message ends with ``(in function)``; a call whose terms leave float64's range is a ValueError naming it."""
     unknown = sorted(kind for kind in kinds.values() if isinstance(kind, str) and kind not in _KINDS)

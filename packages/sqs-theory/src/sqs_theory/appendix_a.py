@@ -68,8 +68,10 @@ def component_kls(slab: GaussianMixture, sigma0_sq: float) -> np.ndarray:
     return kl_gaussian(slab.means, slab.variances, 0.0, sigma0_sq)
 
 
+@check.arguments(rng="rng", k="count", scale="positive")
 def random_mixture(rng: np.random.Generator, k: int, *, scale: float = 2.0) -> GaussianMixture:
-    """A random K-component GMM (Dirichlet weights, means in [-scale, scale], variances in [1e-3, 1])."""
+    """A random K-component GMM (Dirichlet weights, means in [-scale, scale], variances in [1e-3, 1]); ``rng``
+    a numpy Generator, k >= 1 an integer, scale finite and > 0."""
     return GaussianMixture(
         weights=rng.dirichlet(np.ones(k)),
         means=rng.uniform(-scale, scale, k),

@@ -44,8 +44,10 @@ def _aggregate(verdicts: Sequence[Verdict], key: str, *, worst: Callable[[Sequen
     )
 
 
+@check.arguments(rng="rng", T="count", K="count", level_var="nonnegative")
 def random_posterior(rng: np.random.Generator, T: int, K: int, *, level_var: float) -> SpikeGMMPosterior:
-    """A random spike-and-GMM posterior (shared levels, per-weight phi and lambda~)."""
+    """A random spike-and-GMM posterior (shared levels, per-weight phi and lambda~): ``rng`` a
+    numpy Generator, T and K >= 1 integers, level_var finite and >= 0."""
     return SpikeGMMPosterior(
         lam_tilde=rng.uniform(0, 1, T),
         phi=rng.dirichlet(np.ones(K), size=T),

@@ -17,7 +17,9 @@ import functools
 import json
 import logging
 import time
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,21 +27,24 @@ import numpy as np
 import sqs_core as sqs
 import torch
 from sqs_core import keep_top_fraction
+from torch import nn
 
 from . import _validate as check
-from ._io import check_output_dir, write_text_atomic
+from ._io import check_output_dir, write_files_atomic
 from ._json import jsonable
-from .hellinger import bootstrap_slope_ci, fit_slope, hellinger_sq
+from .hellinger import fit_slope, hellinger_sq
 from .hspace import in_h
-from .plots import plot_convergence
+from .plots import render_convergence
 from .projection import canonicalize_
+from .provenance import machine_info
 from .rates import eps_n
 from .recovery import recovery
 from .risk import predict, risk_summary
 from .student import StudentSpec, fit_student
+from .summary import ESTIMATORS, bootstrap_interval, per_n_summary, slopes
 from .synthetic import (
     LEVELS,
-    check_teacher_shape,
+    FullPrecisionFit,
     fit_full_precision,
     layers,
     make_teacher,
@@ -47,9 +52,11 @@ from .synthetic import (
     teacher_theta,
     training_nll,
 )
+from .tiers import MAX_THREADS, MIN_N, TIER_VERSION, TIERS, Tier, check_threads, get_tier, torch_seed_of
 
 __all__ = [
     "ESTIMATORS",
+    "MAX_THREADS",
     "TIERS",
     "TIER_VERSION",
     "Tier",
@@ -62,107 +69,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TIER_VERSION = 1
-_MIN_N = 8  # the smallest n of a tier
 THEORY_SLOPE = -1.0  # ε_n² ∝ r_n log^{2δ} n with r_n ~ (s/n)·log terms
-ESTIMATORS = (
-    "hellinger_sq",
-    "hellinger_sq_avg",
-    "hellinger_sq_sampled",
-    "hellinger_sq_bma",
-    "hellinger_sq_greedy",
-    "hellinger_sq_fp",
-)
 MAIN = ("spike_slab", "projection", "moment_matched")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Tier:
-    """One size of the study; ``ablation_ns`` / ``default_ns``: the n at which the ablations also run."""
-
-    name: str
-    ns: tuple[int, ...]
-    seeds: tuple[int, ...]
-    ablation_ns: tuple[int, ...] = ()
-    default_ns: tuple[int, ...] = ()
-    steps: int = 500
-    fp_restarts: int = 4
-    fp_max_iter: int = 500
-    projection_starts: int = 10
-    check_ns: tuple[int, ...] = ()  # n at which seed seeds[0] is refitted with check_factor × steps
-    check_factor: int = 3
-    draws: int = 16  # M posterior draws
-    n_test: int = 8192
-    p: int = 4
-    width: int = 6
-    sigma: float = 0.1
-    init_noise: float = 0.3
-    quant_lr: float = 2e-3
-    gate_lr: float = 6e-4
-    gate_logit: float = 20.0
-    delta: float = 1.5
-    teacher_seed: int = 1234
-    test_seed: int = 99
-    version: int = TIER_VERSION
-
-    def __post_init__(self) -> None:
-        with check.within("Tier"):
-            if not isinstance(self.name, str) or not self.name:
-                raise ValueError(f"name must be a non-empty string, got {self.name!r}")
-            for key in ("ns", "seeds", "ablation_ns", "default_ns", "check_ns"):
-                # int(2.5) had made an n of 2; a repeated seed counted its fits twice
-                object.__setattr__(
-                    self, key, check.distinct_counts(key, getattr(self, key), low=0 if key == "seeds" else _MIN_N)
-                )
-            if not self.ns or not self.seeds:
-                raise ValueError(f"need at least one n >= {_MIN_N} and one seed, got ns={self.ns}, seeds={self.seeds}")
-            for key in ("ablation_ns", "default_ns", "check_ns"):  # check_ns outside ns was a StopIteration
-                if not set(getattr(self, key)) <= set(self.ns):
-                    raise ValueError(f"{key} must be a subset of ns={self.ns}, got {getattr(self, key)}")
-            _torch_seed(max(self.ns), max(self.seeds))
-            for key in ("steps", "fp_restarts", "fp_max_iter", "projection_starts", "check_factor", "draws", "n_test",
-                        "p", "width"):  # fmt: skip
-                object.__setattr__(self, key, check.count(key, getattr(self, key), low=1))
-            check_teacher_shape(self.p, self.width)
-            for key in ("sigma", "quant_lr", "gate_lr", "gate_logit", "delta"):
-                check.real(key, getattr(self, key), low=0.0, strict=True)
-            check.real("init_noise", self.init_noise, low=0.0)
-            for key in ("teacher_seed", "test_seed"):
-                object.__setattr__(self, key, check.seed(key, getattr(self, key)))
-            if self.version != TIER_VERSION:
-                raise ValueError(f"unsupported tier version {self.version!r} (this library: {TIER_VERSION})")
-
-    def to_dict(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Tier:
-        if not isinstance(data, dict):
-            raise ValueError(f"a Tier dict must be a dict, got {type(data).__name__}")
-        unknown = set(data) - {f.name for f in fields(cls)}
-        missing = {f.name for f in fields(cls) if f.default is MISSING} - set(data)
-        if unknown or missing:
-            raise ValueError(f"unknown Tier fields: {sorted(unknown)}; missing: {sorted(missing)}")
-        return cls(**data)
-
-
-def _torch_seed(n: int, seed: int) -> int:
-    """The torch seed 10 000·seed + n of a fit, which must fit in int64."""
-    value = 10_000 * seed + n
-    if value >= 2**63:
-        raise ValueError(f"seed={seed!r} with n={n!r} makes the torch seed 10000·seed + n = {value} >= 2**63")
-    return value
-
-
-TIERS = {
-    "tiny": Tier(name="tiny", ns=(64, 256), seeds=(0,), ablation_ns=(64,), default_ns=(64,), steps=40,
-                 fp_restarts=1, fp_max_iter=100, draws=2, n_test=512),
-    "quick": Tier(name="quick", ns=(64, 256, 1024, 4096), seeds=(0, 1), ablation_ns=(1024,),
-                  default_ns=(1024,), steps=400, fp_restarts=3, draws=8, n_test=4096),
-    "full": Tier(name="full", ns=(64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384), seeds=tuple(range(10)),
-                 ablation_ns=(256, 1024, 4096, 16384), default_ns=(256, 1024, 4096, 16384),
-                 check_ns=(256, 4096, 16384), steps=1000, draws=32, n_test=16384),
-}  # fmt: skip
 
 
 def _variants(tier: Tier, n: int) -> list[StudentSpec]:
@@ -204,13 +112,37 @@ def _fixed_weights(model) -> tuple[np.ndarray, np.ndarray]:
     return weights[0].numpy().copy(), weights[1].numpy().copy()
 
 
-@check.arguments(n=functools.partial(check.count, low=_MIN_N), seed="seed")
-def fit_point(tier: Tier | str, n: int, seed: int) -> list[dict]:
-    """Every variant of ``tier`` (a Tier or a name in TIERS) at (n, seed): one full-precision fit, then one SQS
-    fit per variant; n >= 8 and seed >= 0 integers."""
-    tier = _tier(tier)
-    with check.within("fit_point"):
-        torch_seed = _torch_seed(n, seed)
+@contextmanager
+def _naming(n: int, seed: int, what: str) -> Iterator[None]:
+    """Add which fit failed to a ValueError or FloatingPointError (sqs-core's for a non-finite posterior): a
+    diverged fit had aborted a study of hours without saying which (n, seed, variant) it was."""
+    try:
+        yield
+    except (ValueError, FloatingPointError) as err:
+        kind = FloatingPointError if isinstance(err, FloatingPointError) else ValueError
+        raise kind(f"{err} (at n={n}, seed={seed}, {what})") from err
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What the variants at one (n, seed) share: the data, the test sample and the full-precision fit."""
+
+    teacher: nn.Module
+    x: torch.Tensor  # (n, p)
+    y: torch.Tensor  # (n, 1)
+    x_test: torch.Tensor  # (n_test, p)
+    f0: np.ndarray  # (n_test,)
+    density: float
+    gen: torch.Generator
+    torch_seed: int
+    fp: FullPrecisionFit
+    h_fp: float
+    canonical: nn.Module
+    canon_nll: float
+    fp_time: float
+
+
+def _shared(tier: Tier, n: int, seed: int, torch_seed: int) -> _Shared:
     teacher = make_teacher(tier.p, tier.width, seed=tier.teacher_seed)
     theta0 = teacher_theta(teacher)
     density = float(np.count_nonzero(theta0)) / theta0.size
@@ -227,48 +159,59 @@ def fit_point(tier: Tier | str, n: int, seed: int) -> list[dict]:
     canonical = copy.deepcopy(fp.model)
     canon = canonicalize_(canonical, x, y, sigma=tier.sigma, s=int(np.count_nonzero(theta0)), k=len(LEVELS),
                           starts=tier.projection_starts, seed=seed)  # fmt: skip
-    fp_time = time.perf_counter() - start
+    return _Shared(teacher=teacher, x=x, y=y, x_test=x_test, f0=f0, density=density, gen=gen, torch_seed=torch_seed,
+                   fp=fp, h_fp=h_fp, canonical=canonical, canon_nll=canon.nll,
+                   fp_time=time.perf_counter() - start)  # fmt: skip
+
+
+def _fit_variant(tier: Tier, spec: StudentSpec, d: _Shared) -> dict:
+    """One SQS fit from the shared full-precision fit: its risks, gate diagnostics and recovery."""
+    start = time.perf_counter()
+    torch.manual_seed(d.torch_seed)  # the moment-matched forward draws from torch's global generator
+    base = d.canonical if spec.init == "projection" else d.fp.model
+    model = fit_student(base, d.x, d.y, sigma=tier.sigma, density=d.density, spec=spec)
+    risk = risk_summary(model, d.x_test, d.f0, sigma=tier.sigma, density=d.density, draws=tier.draws,
+                        generator=d.gen)  # fmt: skip
+    gates = _gate_diagnostics(model, d.canonical, d.density)
+    sqs.greedy_(model, nonzero=d.density)
+    greedy_w1, greedy_w2 = _fixed_weights(model)
+    t_first, t_last = layers(d.teacher)
+    rec = recovery(t_first.weight.numpy(), t_last.weight.numpy(), greedy_w1, greedy_w2, levels=LEVELS)
+    return {
+        "variant": spec.key, "prior": spec.prior, "init": spec.init,
+        "likelihood": spec.likelihood, **risk, "hellinger_sq_fp": d.h_fp,
+        "fp_nll": d.fp.nll, "fp_restart_nlls": list(d.fp.restart_nlls), "projection_nll": d.canon_nll,
+        "greedy_train_nll": training_nll(model, d.x, d.y, tier.sigma), **gates, **rec,
+        "greedy_W1": greedy_w1.tolist(), "greedy_W2": greedy_w2.tolist(),
+        "wall_s": time.perf_counter() - start + d.fp_time,
+    }  # fmt: skip
+
+
+@check.arguments(n=functools.partial(check.count, low=MIN_N), seed="seed")
+def fit_point(tier: Tier | str, n: int, seed: int) -> list[dict]:
+    """Every variant of ``tier`` (a Tier or a name in TIERS) at (n, seed): one full-precision fit, then one SQS
+    fit per variant; n >= 8 and seed >= 0 integers. A fit that fails (a ValueError, or sqs-core's
+    FloatingPointError for a non-finite posterior) raises that error naming n, seed and the variant."""
+    tier = get_tier(tier)
+    with check.within("fit_point"):
+        torch_seed = torch_seed_of(n, seed)
+    with _naming(n, seed, "the full-precision fit"):
+        shared = _shared(tier, n, seed, torch_seed)
     points = []
     for spec in _variants(tier, n):
-        start = time.perf_counter()
-        torch.manual_seed(torch_seed)  # the moment-matched forward draws from torch's global generator
-        base = canonical if spec.init == "projection" else fp.model
-        model = fit_student(base, x, y, sigma=tier.sigma, density=density, spec=spec)
-        risk = risk_summary(model, x_test, f0, sigma=tier.sigma, density=density, draws=tier.draws, generator=gen)
-        gates = _gate_diagnostics(model, canonical, density)
-        sqs.greedy_(model, nonzero=density)
-        greedy_w1, greedy_w2 = _fixed_weights(model)
-        t_first, t_last = layers(teacher)
-        rec = recovery(t_first.weight.numpy(), t_last.weight.numpy(), greedy_w1, greedy_w2, levels=LEVELS)
-        points.append({
-            "n": n, "seed": seed, "variant": spec.key, "prior": spec.prior, "init": spec.init,
-            "likelihood": spec.likelihood, **risk, "hellinger_sq_fp": h_fp,
-            "fp_nll": fp.nll, "fp_restart_nlls": list(fp.restart_nlls), "projection_nll": canon.nll,
-            "greedy_train_nll": training_nll(model, x, y, tier.sigma), **gates, **rec,
-            "greedy_W1": greedy_w1.tolist(), "greedy_W2": greedy_w2.tolist(),
-            "wall_s": time.perf_counter() - start + fp_time,
-        })  # fmt: skip
-        log.info("n=%d seed=%d %s: d2_q=%.3g d2_avg=%.3g", n, seed, spec.key, risk["hellinger_sq"],
-                 risk["hellinger_sq_avg"])  # fmt: skip
+        with _naming(n, seed, f"variant {spec.key}"):
+            point = {"n": n, "seed": seed, **_fit_variant(tier, spec, shared)}
+        points.append(point)
+        log.info("n=%d seed=%d %s: d2_q=%.3g d2_avg=%.3g", n, seed, spec.key, point["hellinger_sq"],
+                 point["hellinger_sq_avg"])  # fmt: skip
     return points
-
-
-def _slopes(points: list[dict]) -> dict:
-    out: dict = {}
-    for key in sorted({q["variant"] for q in points}):
-        sel = [q for q in points if q["variant"] == key]
-        ns = [q["n"] for q in sel]
-        enough = len(ns) >= 3 and len(set(ns)) >= 2
-        fits = {k: fit_slope(ns, [max(q[k], 1e-300) for q in sel]) if enough else None for k in ESTIMATORS}
-        out[key] = fits
-    return out
 
 
 @check.arguments(s="positive", k_sqs="count")
 def theory_reference(tier: Tier | str, s: int, k_sqs: int) -> dict:
     """ε_n*² of the Theorem on the tier's grid (L = 1, N = width, δ) and its log-log slope there; s > 0, k_sqs
     (the free parameters of the parametric reference) >= 1."""
-    tier = _tier(tier)
+    tier = get_tier(tier)
     T = tier.width * (tier.p + 1)
     eps_sq = [eps_n(n, 1, tier.width, s, tier.p, tier.delta) ** 2 for n in tier.ns]
     bound = fit_slope(tier.ns, eps_sq) if len(tier.ns) >= 3 else None
@@ -296,47 +239,18 @@ def _optimizer_check(tier: Tier, points: list[dict]) -> list[dict]:
     return out
 
 
-def _summary(points: list[dict]) -> list[dict]:
-    """Per n: quartiles of E_q̂ d², n × median, recovery rates, and the slope between consecutive medians."""
-    out: list[dict] = []
-    for n in sorted({q["n"] for q in points}):
-        at = [q for q in points if q["n"] == n]
-        h = np.array([q["hellinger_sq"] for q in at])
-        out.append({
-            "n": n, "fits": len(at), "median": float(np.median(h)), "q25": float(np.quantile(h, 0.25)),
-            "q75": float(np.quantile(h, 0.75)), "n_times_median": float(n * np.median(h)),
-            "median_fp": float(np.median([q["hellinger_sq_fp"] for q in at])),
-            "support_exact": float(np.mean([q["support_exact"] for q in at])),
-            "false_positive_mean": float(np.mean([q["false_positive"] for q in at])),
-            "level_accuracy_mean": float(np.nanmean([q["level_accuracy"] for q in at])),
-        })  # fmt: skip
-        if len(out) > 1:
-            prev = out[-2]
-            out[-1]["local_slope"] = float(np.log(out[-1]["median"] / prev["median"]) / np.log(n / prev["n"]))
-    return out
-
-
-def _tier(tier: Tier | str) -> Tier:
-    if isinstance(tier, Tier):
-        return tier
-    if isinstance(tier, str) and tier in TIERS:
-        return TIERS[tier]
-    raise ValueError(f"tier must be a Tier or one of {sorted(TIERS)}, got {tier!r}")
-
-
 def run_study(tier: Tier | str) -> dict:
     """Every fit of ``tier``; the slope of E_q̂ d² against n for the study variant, with 95% CIs."""
-    tier = _tier(tier)
+    tier = get_tier(tier)
     start = time.perf_counter()
     points = [q for n in tier.ns for seed in tier.seeds for q in fit_point(tier, n, seed)]
     theta0 = teacher_theta(make_teacher(tier.p, tier.width, seed=tier.teacher_seed))
     s = int(np.count_nonzero(theta0))
     w1, w2 = theta0[: tier.width * tier.p], theta0[tier.width * tier.p :]
     k_sqs = len(np.unique(w1[w1 != 0])) + len(np.unique(w2[w2 != 0])) - 1  # minus the rescaling direction
-    slopes = _slopes(points)
-    main = slopes["/".join(MAIN)]["hellinger_sq"]
+    fits = slopes(points)
+    main = fits["/".join(MAIN)]["hellinger_sq"]
     main_pts = [q for q in points if q["variant"] == "/".join(MAIN)]
-    boot = bootstrap_slope_ci([q["n"] for q in main_pts], [q["hellinger_sq"] for q in main_pts]) if main else None
     return {
         "tier": tier.name,
         "config": tier.to_dict(),
@@ -349,42 +263,35 @@ def run_study(tier: Tier | str) -> dict:
         "points": points,
         "slope": main["slope"] if main else None,
         "slope_ci": main["slope_ci"] if main else None,
-        "slope_ci_bootstrap": boot,
+        "slope_ci_bootstrap": bootstrap_interval(main_pts),
         "main_variant": "/".join(MAIN),
-        "slopes": slopes,
-        "summary": _summary(main_pts),
+        "slopes": fits,
+        "summary": per_n_summary(main_pts),
         "theory": theory_reference(tier, s, k_sqs),
         "optimizer_check": _optimizer_check(tier, points),
         "wall_time_s": time.perf_counter() - start,
     }  # fmt: skip
 
 
-def machine_info() -> dict:
-    """Where and with what the study ran (recorded next to its results)."""
-    import os
-    import platform
-    import subprocess
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10)
-        git = {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
-    except (OSError, subprocess.SubprocessError):
-        git = None
-    return {
-        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(), "numpy": np.__version__, "sqs_core": sqs.__version__,
-        "sqs_core_path": str(Path(sqs.__file__).parent), "git": git,
-    }  # fmt: skip
+def _write_files(out_dir: Path, result: dict) -> tuple[Path, Path]:
+    """The JSON and its figure, the figure drawn in memory first: a figure that cannot be drawn or written
+    leaves both files as they were (the JSON had been replaced before the PNG failed)."""
+    text = json.dumps(jsonable(result), indent=1, allow_nan=False) + "\n"
+    png = render_convergence(json.loads(text))
+    json_path, png_path = out_dir / "convergence.json", out_dir / "convergence.png"
+    write_files_atomic({png_path: png, json_path: text})
+    return json_path, png_path
 
 
-def write_study(tier: Tier | str, out_dir: Path, *, threads: int = 1) -> tuple[Path, Path]:
-    """Run ``tier`` with ``threads >= 1`` torch threads; write ``convergence.json`` and ``convergence.png``.
+def write_study(tier: Tier | str, out_dir: Path | str, *, threads: int = 1) -> tuple[Path, Path]:
+    """Run ``tier`` with ``1 <= threads <= MAX_THREADS`` torch threads; write ``convergence.json`` and
+    ``convergence.png`` in ``out_dir``.
 
-    The arguments and ``out_dir`` are checked before the study runs; the JSON is replaced atomically.
+    The arguments and ``out_dir`` are checked before the study runs (each file's folder is probed with a new
+    empty file); both files are replaced atomically, after the figure is drawn. The results are
+    bit-reproducible only on the same CPU with the same ``threads`` (see :mod:`provenance`).
     """
-    tier, threads = _tier(tier), check.count("threads", threads, low=1)
+    tier, threads = get_tier(tier), check_threads("threads", threads)
     out_dir = check_output_dir(out_dir, name="out_dir", files=("convergence.json", "convergence.png"))
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)  # tiny models: threads only add overhead (and the machine is shared)
@@ -393,6 +300,4 @@ def write_study(tier: Tier | str, out_dir: Path, *, threads: int = 1) -> tuple[P
         result = {**run_study(tier), "started_utc": started, "machine": machine_info()}
     finally:
         torch.set_num_threads(previous)
-    text = json.dumps(jsonable(result), indent=1, allow_nan=False) + "\n"
-    json_path = write_text_atomic(out_dir / "convergence.json", text)
-    return json_path, plot_convergence(json.loads(json_path.read_text()), out_dir / "convergence.png")
+    return _write_files(out_dir, result)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,15 @@ from .errata import Erratum, build_errata
 from .hellinger import parametric_reference
 from .verdict import Verdict, format_markdown, markdown_cell
 
-__all__ = ["BLOCKS", "convergence_block", "errata_block", "generated_blocks", "render", "verdict_block"]
+__all__ = [
+    "BLOCKS",
+    "check_convergence_result",
+    "convergence_block",
+    "errata_block",
+    "generated_blocks",
+    "render",
+    "verdict_block",
+]
 
 BLOCKS = ("verdicts", "errata", "convergence")
 _MARK = re.compile(r"(<!-- generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /generated:(?P=name) -->)", re.S)
@@ -25,6 +34,60 @@ _MARK = re.compile(r"(<!-- generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /
 
 def _g(x: float | None, digits: int = 3) -> str:
     return "–" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{digits}g}"
+
+
+def _f(x: float | None, spec: str = ".2f") -> str:
+    """``x`` in ``spec``, or – for a null (a mean over no defined value) or a non-finite value."""
+    return "–" if x is None or (isinstance(x, float) and not np.isfinite(x)) else format(x, spec)
+
+
+# The keys each table reads: a JSON of another shape is a ValueError naming the key, not a TypeError.
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "": ("tier", "config", "seeds", "machine", "teacher", "theory", "summary", "slopes", "main_variant", "points",
+         "wall_time_s"),
+    "config": ("ns", "p", "width", "sigma", "steps", "draws", "n_test"),
+    "machine": ("processor", "cpu_count", "torch"),
+    "teacher": ("T", "s", "K", "levels"),
+    "theory": ("delta", "parametric", "theory_slope", "eps_n_sq_slope_on_grid"),
+    "theory.parametric": ("k_sqs", "k_fp"),
+}  # fmt: skip
+_SUMMARY_KEYS = ("n", "fits", "median", "q25", "q75", "n_times_median", "median_fp", "support_exact",
+                 "false_positive_mean", "level_accuracy_mean")  # fmt: skip
+_POINT_KEYS = ("n", "variant", "hellinger_sq", "hellinger_sq_avg", "hellinger_sq_sampled", "hellinger_sq_bma",
+               "hellinger_sq_greedy", "hellinger_sq_x_se", "hellinger_sq_se", "support_kept_from_init",
+               "gate_logit_kept_min", "gate_logit_pruned_max")  # fmt: skip
+
+
+def _records(result: Mapping, key: str, keys: tuple[str, ...]) -> None:
+    rows = result[key]
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{key!r} must be a non-empty list, got {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        missing = [k for k in keys if not isinstance(row, Mapping) or k not in row]
+        if missing:
+            raise ValueError(f"{key}[{i}] has no key {missing[0]!r}")
+
+
+def check_convergence_result(result: Any) -> Mapping:
+    """``result`` if it has every key the convergence tables read (a ValueError naming the first missing one)."""
+    if not isinstance(result, Mapping):
+        raise ValueError(f"the result must be a JSON object, got {type(result).__name__}")
+    for where, keys in _REQUIRED.items():  # parents before children
+        node = result
+        for part in filter(None, where.split(".")):
+            node = node[part]
+        if not isinstance(node, Mapping):
+            raise ValueError(f"{where!r} must be a JSON object, got {type(node).__name__}")
+        for k in keys:
+            if k not in node:
+                raise ValueError(f"no key {'.'.join(filter(None, (where, k)))!r}")
+    _records(result, "summary", _SUMMARY_KEYS)
+    _records(result, "points", _POINT_KEYS)
+    if not isinstance(result["slopes"], Mapping) or result["main_variant"] not in result["slopes"]:
+        raise ValueError(f"slopes has no entry for the main_variant {result['main_variant']!r}")
+    if not any(q["variant"] == result["main_variant"] for q in result["points"]):
+        raise ValueError(f"no point of the main_variant {result['main_variant']!r}")
+    return result
 
 
 def _ci(fit: Mapping | None) -> str:
@@ -46,7 +109,8 @@ def errata_block(errata: Sequence[Erratum]) -> str:
 
 def _setup_table(result: Mapping) -> list[str]:
     cfg, machine, teacher = result["config"], result["machine"], result["teacher"]
-    theory = result["theory"]
+    theory, threads = result["theory"], machine.get("torch_threads", 1)
+    minutes = None if result["wall_time_s"] is None else result["wall_time_s"] / 60
     rows = [
         ("tier", result["tier"]),
         ("n grid", ", ".join(str(n) for n in cfg["ns"])),
@@ -60,12 +124,18 @@ def _setup_table(result: Mapping) -> list[str]:
         ("λ (Theorem, δ)", f"δ = {theory['delta']}"),
         ("parametric k (SQS levels, FP)", f"{theory['parametric']['k_sqs']}, {theory['parametric']['k_fp']}"),
         (
-            "wall time, one thread",
-            f"{result['wall_time_s'] / 60:.1f} min ({machine['processor']}, "
+            "wall time, one thread" if threads == 1 else f"wall time, {threads} threads",
+            f"{_f(minutes, '.1f')} min ({machine.get('cpu_model') or machine['processor']}, "
             f"{machine['cpu_count']} cores, torch {machine['torch']})",
         ),
     ]
     return ["| setting | value |", "| --- | --- |", *[f"| {k} | {v} |" for k, v in rows]]
+
+
+def _level_accuracy(row: Mapping) -> str:
+    """The mean level accuracy, and how many fits it left out (undefined: no true weight kept) when any."""
+    undefined = row.get("level_accuracy_undefined") or 0
+    return _f(row["level_accuracy_mean"]) + (f" ({undefined} of {row['fits']} undefined)" if undefined else "")
 
 
 def _per_n_table(result: Mapping) -> list[str]:
@@ -77,7 +147,7 @@ def _per_n_table(result: Mapping) -> list[str]:
         lines.append(
             f"| {r['n']} | {r['fits']} | {_g(r['median'])} | {_g(r['q25'])}–{_g(r['q75'])} | {_g(r['n_times_median'])} "
             f"| {_g(parametric)} | {_g(r.get('local_slope'), 2)} | {_g(r['median_fp'])} "
-            f"| {r['support_exact']:.2f} | {r['false_positive_mean']:.2f} | {r['level_accuracy_mean']:.2f} |"
+            f"| {_f(r['support_exact'])} | {_f(r['false_positive_mean'])} | {_level_accuracy(r)} |"
         )
     return lines
 
@@ -105,7 +175,7 @@ def _slope_table(result: Mapping) -> list[str]:
         f"[{_g(boot[0], 3)}, {_g(boot[1], 3)}]."
         if boot
         else "",
-        f"Theory: ε_n² ∝ n^{{{theory['theory_slope']:g}}} up to log factors; the bound ε_n*² itself has slope "
+        f"Theory: ε_n² ∝ n^{{{_g(theory['theory_slope'])}}} up to log factors; the bound ε_n*² itself has slope "
         f"{_g(theory['eps_n_sq_slope_on_grid'], 3)} on this n grid (its log^{{2δ}} n factor flattens it).",
     ]
     return lines
@@ -122,26 +192,40 @@ def _ablation_table(result: Mapping) -> list[str]:
         for key in ("hellinger_sq", "hellinger_sq_avg", "hellinger_sq_greedy"):
             cells = []
             for n in ns:
-                at = [q[key] for q in result["points"] if q["variant"] == variant and q["n"] == n]
+                at = [q[key] for q in result["points"] if q["variant"] == variant and q["n"] == n
+                      and q.get(key) is not None]  # fmt: skip
                 cells.append(_g(float(np.median(at))) if at else "–")
             lines.append(f"| {variant} | median {_ESTIMATOR_NAMES[key]} | " + " | ".join(cells) + " |")
     return lines
 
 
+def _largest(values: Sequence[float | None], spec: str, *, smallest: bool = False) -> str:
+    """The largest (or smallest) of the defined values in ``spec``; – if none is (nulls in the JSON: a NaN
+    standard error of one draw, no kept or no pruned gate)."""
+    defined = [v for v in values if v is not None and np.isfinite(v)]
+    return _f((min if smallest else max)(defined), spec) if defined else "–"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
 def _diagnostics(result: Mapping) -> list[str]:
     main = [q for q in result["points"] if q["variant"] == result["main_variant"]]
-    x_se = max(q["hellinger_sq_x_se"] / q["hellinger_sq_avg"] for q in main)
-    q_se = max(q["hellinger_sq_se"] / q["hellinger_sq"] for q in main)
     keys = ("hellinger_sq", "hellinger_sq_avg", "hellinger_sq_sampled", "hellinger_sq_bma", "hellinger_sq_greedy")
-    spread = max((max(q[k] for k in keys) - min(q[k] for k in keys)) / q["hellinger_sq"] for q in main)
-    kept = np.mean([q["support_kept_from_init"] for q in main])
+    spread = [_ratio(max(q[k] for k in keys) - min(q[k] for k in keys), q["hellinger_sq"])
+              if all(q[k] is not None for k in keys) else None for q in main]  # fmt: skip
+    kept = np.mean([bool(q["support_kept_from_init"]) for q in main])
+    gates = (f"{_largest([q['gate_logit_kept_min'] for q in main], '.3g', smallest=True)} / "
+             f"{_largest([q['gate_logit_pruned_max'] for q in main], '.3g')}")  # fmt: skip
     rows = [
-        ("largest Monte Carlo s.e. of the x-average, relative to d² at θ^avg", f"{x_se:.2%}"),
-        ("largest Monte Carlo s.e. of the M-draw average ∫d² dq̂, relative", f"{q_se:.2%}"),
-        ("largest spread of the five estimators of a fit, relative to ∫d² dq̂", f"{spread:.2%}"),
+        ("largest Monte Carlo s.e. of the x-average, relative to d² at θ^avg",
+         _largest([_ratio(q["hellinger_sq_x_se"], q["hellinger_sq_avg"]) for q in main], ".2%")),
+        ("largest Monte Carlo s.e. of the M-draw average ∫d² dq̂, relative",
+         _largest([_ratio(q["hellinger_sq_se"], q["hellinger_sq"]) for q in main], ".2%")),
+        ("largest spread of the five estimators of a fit, relative to ∫d² dq̂", _largest(spread, ".2%")),
         ("fits whose final support is the projection's", f"{kept:.0%}"),
-        ("smallest kept / largest pruned gate logit s̃/τ' at the end",
-         f"{min(q['gate_logit_kept_min'] for q in main):.3g} / {max(q['gate_logit_pruned_max'] for q in main):.3g}"),
+        ("smallest kept / largest pruned gate logit s̃/τ' at the end", gates),
     ]  # fmt: skip
     return ["| diagnostic (study variant, all fits) | value |", "| --- | --- |", *[f"| {k} | {v} |" for k, v in rows]]
 
@@ -153,12 +237,14 @@ def _optimizer_table(result: Mapping) -> list[str]:
     lines = ["| n | seed | steps | ∫d² dq̂ at the tier's steps | at ×steps | relative change |", "|" + " --- |" * 6]
     for r in rows:
         lines.append(f"| {r['n']} | {r['seed']} | {r['steps']} | {_g(r['hellinger_sq_at_tier_steps'])} "
-                     f"| {_g(r['hellinger_sq'])} | {r['relative_change']:+.2%} |")  # fmt: skip
+                     f"| {_g(r['hellinger_sq'])} | {_f(r['relative_change'], '+.2%')} |")  # fmt: skip
     return lines
 
 
 def convergence_block(result: Mapping) -> str:
-    """The tables of §7 from the study's JSON: setup, per-n summary, slopes, ablations, optimiser check."""
+    """The tables of §7 from the study's JSON: setup, per-n summary, slopes, ablations, optimiser check (a
+    ValueError naming a key the tables need that ``result`` lacks, a null shown as –)."""
+    check_convergence_result(result)
     parts = (
         ("**Setup.**", _setup_table(result)),
         ("**Study variant, per n** (medians over seeds).", _per_n_table(result)),

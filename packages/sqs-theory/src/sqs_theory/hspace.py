@@ -194,10 +194,31 @@ def project_exact(x: np.ndarray, *, s: int, K: int, B: float) -> Projection:
     return Projection(theta=theta, cost=float(((theta - x) ** 2).sum()), method="exact-dp")
 
 
+_BRUTE_MAX = 2_000_000  # index matrices project_brute may enumerate (T = 12, s = 6, K = 3: 0.9 million, < 1 s)
+
+
+def _index_space_exceeds(T: int, s: int, K: int, limit: int) -> bool:
+    """|I(T, s, K)| > limit, summed term by term and stopped once past it (the exact integer can be huge)."""
+    total, term = 0, 1
+    for j in range(min(s, T) + 1):
+        total += term
+        if total > limit:
+            return True
+        term = term * (T - j) * K // (j + 1)
+    return False
+
+
 def project_brute(x: np.ndarray, *, s: int, K: int, B: float) -> Projection:
-    """Projection by enumerating I(T, s, K), with ``E_k = clip(mean of its entries)`` (tests only)."""
+    """Projection by enumerating I(T, s, K), with ``E_k = clip(mean of its entries)`` (tests only): at most
+    2,000,000 index matrices (|I(T, s, K)|, :func:`index_space_size`), else a ValueError naming T, s and K
+    (T = 40, s = 20 had run for more than five minutes); :func:`project_exact` has no such limit."""
     s, K, B = _validate(s, K, B)
     x = _vector("x", x)
+    if _index_space_exceeds(x.size, s, K, _BRUTE_MAX):
+        raise ValueError(
+            f"project_brute would enumerate |I(T, s, K)| > {_BRUTE_MAX:,} index matrices at T={x.size}, s={s}, "
+            f"K={K}: too many (use project_exact)"
+        )
     best_cost, best = float((x**2).sum()), np.zeros_like(x)
     for j in range(1, min(s, x.size) + 1):
         labels = np.array(list(itertools.product(range(K), repeat=j)))  # (A, j)

@@ -10,7 +10,7 @@ import numpy as np
 from ._io import write_text_atomic
 from .hellinger import parametric_reference
 
-__all__ = ["plot_convergence"]
+__all__ = ["plot_convergence", "render_convergence"]
 
 
 def _medians(points: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -58,8 +58,8 @@ def _recovery_panel(ax, main: list[dict]) -> None:
     ax.legend(fontsize=7)
 
 
-def plot_convergence(result: dict, path: Path) -> Path:
-    """Two panels: the risk against n (log-log) and support / level recovery against n."""
+def render_convergence(result: dict) -> bytes:
+    """The figure of :func:`plot_convergence` as PNG bytes, drawn in memory (nothing is written)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,10 +70,17 @@ def plot_convergence(result: dict, path: Path) -> Path:
         by_variant.setdefault(q["variant"], []).append(q)
     main = by_variant[result["main_variant"]]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    _risk_panel(left, result, main, by_variant)
-    _recovery_panel(right, main)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    return write_text_atomic(path, buffer.getvalue())  # no half-written PNG if the run is stopped
+    try:
+        _risk_panel(left, result, main, by_variant)
+        _recovery_panel(right, main)
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=120)
+    finally:
+        plt.close(fig)
+    return buffer.getvalue()
+
+
+def plot_convergence(result: dict, path: Path) -> Path:
+    """Two panels: the risk against n (log-log) and support / level recovery against n."""
+    return write_text_atomic(path, render_convergence(result))  # no half-written PNG if the run is stopped

@@ -61,8 +61,17 @@ def draw_from_q_(model: nn.Module, generator: torch.Generator) -> None:
 
 
 def _mean_sd(values) -> tuple[float, float]:
-    """Mean and its standard error."""
-    return float(np.mean(values)), float(np.std(values) / np.sqrt(len(values)))
+    """Mean and its standard error s/√m, s the sample standard deviation (ddof = 1: with ddof = 0 it was
+    √((m-1)/m) too small, 29 % at m = 2); NaN for a single value, whose error cannot be estimated."""
+    values = np.asarray(values, dtype=float)
+    if values.size < 2:
+        return float(np.mean(values)), float("nan")
+    return float(np.mean(values)), float(np.std(values, ddof=1) / np.sqrt(values.size))
+
+
+def _draws(name: str, value) -> int:
+    """M >= 2 draws: the standard error of their average needs two (with one it had been reported as 0)."""
+    return check.count(name, value, low=2)
 
 
 def _test_sample(model: nn.Module, x_test, f0) -> None:
@@ -73,13 +82,13 @@ def _test_sample(model: nn.Module, x_test, f0) -> None:
         raise ValueError(f"f0 must have shape (n_test,) = {(n,)}, got {truth.shape}")
 
 
-@check.arguments(model=_sqs_model, sigma="positive", density="fraction", draws="count", generator=_tensors.generator)
+@check.arguments(model=_sqs_model, sigma="positive", density="fraction", draws=_draws, generator=_tensors.generator)
 def risk_summary(
     model: nn.Module, x_test: torch.Tensor, f0: np.ndarray, *, sigma: float, density: float, draws: int, generator
 ) -> dict[str, float]:
-    """Every estimator of the module docstring, with Monte Carlo standard errors over the M = ``draws`` draws;
-    leaves ``model`` in its variational forward. ``model`` prepared by sqs-core, x_test (n, p) and f0 (n,)
-    finite, σ > 0, density in (0, 1], draws >= 1."""
+    """Every estimator of the module docstring, with Monte Carlo standard errors over the M = ``draws`` draws
+    (ddof = 1; ``hellinger_sq_x_se`` is NaN for a single test x); leaves ``model`` in its variational forward.
+    ``model`` prepared by sqs-core, x_test (n, p) and f0 (n,) finite, σ > 0, density in (0, 1], draws >= 2."""
     with check.within("risk_summary"):
         _test_sample(model, x_test, f0)
     pointwise = hellinger_sq_gaussian(predict(model, x_test), f0, sigma)

@@ -13,7 +13,6 @@ the cube), and no two units read the same ordered pair.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from . import _validate as check
 
 __all__ = [
     "LEVELS",
+    "MAX_T",
     "FullPrecisionFit",
     "fit_full_precision",
     "gaussian_nll",
@@ -77,24 +77,37 @@ def mlp_from_weights(w1, w2) -> nn.Sequential:
     return model
 
 
+MAX_T = 1_000_000  # T = width·(p + 1) weights: the teacher's, every fit's and x_test (n_test, p) are dense
+
+
 def check_teacher_shape(p: int, width: int) -> None:
-    """A ValueError unless p >= 2 and 1 <= width <= p(p - 1): each unit reads its own ordered pair of inputs."""
+    """A ValueError unless p >= 2 and 1 <= width <= p(p - 1) (each unit reads its own ordered pair of inputs)
+    and T = width·(p + 1) <= MAX_T (the network is dense: p = 1e9 had exhausted the memory)."""
     if p < 2 or width < 1 or width > p * (p - 1):
         raise ValueError(f"need p >= 2 and 1 <= width <= p(p-1) (distinct ordered input pairs), got {p=}, {width=}")
+    if width * (p + 1) > MAX_T:
+        raise ValueError(f"need T = width·(p+1) <= {MAX_T:,} (a dense network), got {p=}, {width=}")
+
+
+def _ordered_pair(index: int, p: int) -> tuple[int, int]:
+    """The ``index``-th ordered pair (a, b), a != b, of range(p) in ``itertools.permutations(range(p), 2)``'s
+    order (a-major), without listing the p(p - 1) pairs."""
+    a, r = divmod(index, p - 1)
+    return a, r if r < a else r + 1
 
 
 @check.arguments(p="count", width="count", seed="seed")
 def make_teacher(p: int = 4, width: int = 6, seed: int = 0) -> nn.Sequential:
-    """f0 in H(T, s = 3·width, K = 4): unit j has weight +|l| on input a_j, -|l'| on b_j and output level v_j."""
+    """f0 in H(T, s = 3·width, K = 4): unit j has weight +|l| on input a_j, -|l'| on b_j and output level v_j;
+    p >= 2, 1 <= width <= p(p - 1) and T = width·(p + 1) <= MAX_T."""
     with check.within("make_teacher"):
         check_teacher_shape(p, width)
     rng = np.random.default_rng(seed)
-    pairs = list(itertools.permutations(range(p), 2))
-    chosen = rng.choice(len(pairs), size=width, replace=False)
+    chosen = rng.choice(p * (p - 1), size=width, replace=False)  # the same draws as from the list of pairs
     positive = [v for v in LEVELS if v > 0]
     w1, w2 = np.zeros((width, p)), np.zeros((1, width))
     for j, index in enumerate(chosen):
-        a, b = pairs[index]
+        a, b = _ordered_pair(int(index), p)
         w1[j, a], w1[j, b] = rng.choice(positive), -rng.choice(positive)
         w2[0, j] = rng.choice(LEVELS)
     return mlp_from_weights(w1, w2).requires_grad_(False)
