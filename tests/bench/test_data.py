@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import write_fake_cifar
@@ -109,3 +111,45 @@ def test_batches_cover_every_image_once_and_normalize():
     torch.testing.assert_close(normalize(images[:1])[0, :, 0, 0], expected)
     with pytest.raises(ValueError, match="Generator"):
         next(iterate_batches(images, labels, 4, shuffle=True))
+
+
+def _rewrite_test_batch(root: Path, **changes) -> Path:
+    """The fake test_batch under ``root`` with ``changes`` to its dict (numpy arrays, lists)."""
+    path = root / "cifar-10-batches-py" / "test_batch"
+    with path.open("rb") as f:
+        batch = pickle.load(f)
+    with path.open("wb") as f:
+        pickle.dump(batch | changes, f)
+    return path
+
+
+BAD_BATCHES = {
+    # float images in [0, 1] became all zeros with dtype=torch.uint8; int64 pixels > 255 wrapped
+    "float pixels": (lambda b: {"data": b["data"].astype(np.float32) / 255}, "uint8 pixels.*float32"),
+    "pixels above 255": (lambda b: {"data": b["data"].astype(np.int64) + 300}, r"0\.\.255, found 300\.\."),
+    "label 10": (lambda b: {"labels": [10, *b["labels"][1:]]}, r"labels must lie in 0\.\.9, found 0\.\.10"),
+    "negative label": (lambda b: {"labels": [-1, *b["labels"][1:]]}, r"0\.\.9, found -1\.\."),
+    "2-D labels": (lambda b: {"labels": np.asarray(b["labels"])[:, None]}, r"shape \(30, 1\)"),
+    "string labels": (lambda b: {"labels": [str(v) for v in b["labels"]]}, "labels must be integers"),
+    "no images": (lambda b: {"data": b["data"][:0], "labels": []}, "holds no images"),
+    "wrong row length": (lambda b: {"data": b["data"][:, :1024]}, r"shape \(N, 3072\)"),
+    "fewer labels": (lambda b: {"labels": b["labels"][:-1]}, "30 images but 29 labels"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BATCHES))
+def test_a_batch_of_the_wrong_type_or_range_is_refused_naming_the_file(tmp_path, case):
+    written = write_fake_cifar(tmp_path)
+    change, what = BAD_BATCHES[case]
+    path = _rewrite_test_batch(tmp_path, **change(written["test_batch"]))
+    with pytest.raises(DataNotFoundError, match=what) as err:
+        load_cifar10(tmp_path, train=False)
+    assert str(path) in str(err.value)
+
+
+def test_integer_pixels_within_0_255_of_another_dtype_are_read_exactly(tmp_path):
+    written = write_fake_cifar(tmp_path)
+    _rewrite_test_batch(tmp_path, data=written["test_batch"]["data"].astype(np.int64))
+    images, labels = load_cifar10(tmp_path, train=False)
+    assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+    assert torch.equal(images.flatten(1), torch.as_tensor(written["test_batch"]["data"]))

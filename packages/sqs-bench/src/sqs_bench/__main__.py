@@ -31,6 +31,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _folder(text: str) -> Path:
+    """A folder argument; an empty one is refused (``Path("")`` is the cwd, where results were then written)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder path, got {text!r}")
+    return Path(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sqs_bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -45,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--out",
         default="runs/bench",
-        type=Path,
+        type=_folder,
         help="folder for result JSON files, <run_id>.json (created and write-tested before any compute); "
         "use one folder per tier, since the run id does not hold the tier",
     )
@@ -69,9 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     report = commands.add_parser("report", parents=[common], help="markdown tables and PNG plots from JSON results")
     report.add_argument(
-        "--results", required=True, type=Path, help="folder of result JSON files (read recursively), all of one tier"
+        "--results", required=True, type=_folder, help="folder of result JSON files (read recursively), all of one tier"
     )
-    report.add_argument("--out", default=None, type=Path, help="output folder (default: --results)")
+    report.add_argument("--out", default=None, type=_folder, help="output folder (default: --results)")
     report.add_argument("--prefix", default="results", help="name of the summary JSON files (<prefix>.json)")
     listing = commands.add_parser("list", parents=[common], help="list recipes and the runs of a suite")
     listing.add_argument("--suite", default="default")

@@ -9,12 +9,15 @@ into the float input the pretrained models expect, and :func:`augment` is the st
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -22,10 +25,12 @@ __all__ = [
     "CIFAR10_URL",
     "FULL_SIZES",
     "MEAN",
+    "NUM_CLASSES",
     "STD",
     "CifarSplits",
     "DataNotFoundError",
     "augment",
+    "fingerprint",
     "iterate_batches",
     "load_cifar10",
     "load_splits",
@@ -41,6 +46,7 @@ _LAYOUTS = {
     "cifar10": (CIFAR10_DIR, tuple(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "labels"),
     "cifar100": ("cifar-100-python", ("train",), "test", "fine_labels"),
 }
+NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
 FULL_SIZES = {"cifar10": (50_000, 10_000), "cifar100": (50_000, 10_000)}
 """(train, test) image counts of the complete datasets."""
 MEAN = (0.485, 0.456, 0.406)
@@ -68,8 +74,8 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     return path
 
 
-def _read_batch(path: Path, label_key: str = "labels") -> tuple[torch.Tensor, torch.Tensor]:
-    """One pickled batch -> (uint8 images (N, 3, 32, 32), int64 labels (N,))."""
+def _read_batch(path: Path, label_key: str = "labels", num_classes: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pickled batch -> (uint8 images (N, 3, 32, 32), int64 labels (N,)) in ``[0, num_classes)``."""
     if not path.is_file():
         raise DataNotFoundError(
             f"missing CIFAR file {path}: download the CIFAR python version from {CIFAR10_URL} "
@@ -78,17 +84,48 @@ def _read_batch(path: Path, label_key: str = "labels") -> tuple[torch.Tensor, to
     try:
         with path.open("rb") as f:
             batch = pickle.load(f, encoding="latin1")
-        data = torch.as_tensor(batch["data"], dtype=torch.uint8)  # (N, 3072), channel-major rows
-        labels = torch.as_tensor(batch[label_key], dtype=torch.int64)
+        raw_data, raw_labels = np.asarray(batch["data"]), np.asarray(batch[label_key])
     # a truncated or corrupted pickle raises almost anything (UnpicklingError, EOFError, KeyError, ...)
     except Exception as err:
         raise DataNotFoundError(
             f"CIFAR file {path} is corrupted or truncated ({type(err).__name__}: {str(err)[:200]}); download the CIFAR "
             f"python version again from {CIFAR10_URL} and unpack it so that {path.parent.name}/{path.name} exists"
         ) from err
-    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.shape[0] != labels.shape[0]:
-        raise ValueError(f"{path}: unexpected shapes data {tuple(data.shape)}, labels {tuple(labels.shape)}")
-    return data.reshape(-1, 3, 32, 32), labels
+    problem = _pixel_problem(raw_data) or _label_problem(raw_labels, num_classes)
+    if problem is None and raw_data.shape[0] != raw_labels.shape[0]:
+        problem = f"{raw_data.shape[0]} images but {raw_labels.shape[0]} labels"
+    if problem is not None:
+        raise DataNotFoundError(
+            f"CIFAR file {path} is not in the official python layout: {problem}; download the CIFAR python "
+            f"version again from {CIFAR10_URL}"
+        )
+    data = torch.from_numpy(raw_data.astype(np.uint8))  # (N, 3072), channel-major rows
+    return data.reshape(-1, 3, 32, 32), torch.from_numpy(raw_labels.astype(np.int64))
+
+
+def _pixel_problem(data: np.ndarray) -> str | None:
+    """What is wrong with a batch's ``data`` array (uint8, or integers in 0..255, shape (N > 0, 3072)), or None."""
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        return f"'data' must have shape (N, 3072), got {data.shape}"
+    if data.shape[0] == 0:
+        return "it holds no images"
+    if data.dtype == np.uint8:
+        return None
+    if data.dtype.kind not in "iu":
+        return f"'data' must hold uint8 pixels (0..255), got dtype {data.dtype} (a cast would truncate or wrap them)"
+    low, high = int(data.min()), int(data.max())
+    return None if low >= 0 and high <= 255 else f"pixels must lie in 0..255, found {low}..{high}"
+
+
+def _label_problem(labels: np.ndarray, num_classes: int) -> str | None:
+    """What is wrong with a batch's labels (1-D integers in ``[0, num_classes)``), or None."""
+    if labels.ndim != 1:
+        return f"labels must be a list of class indices, got shape {labels.shape}"
+    if labels.dtype.kind not in "iu":
+        return f"labels must be integers, got dtype {labels.dtype}"
+    if labels.size and not (int(labels.min()) >= 0 and int(labels.max()) < num_classes):
+        return f"labels must lie in 0..{num_classes - 1}, found {int(labels.min())}..{int(labels.max())}"
+    return None
 
 
 def load_cifar10(
@@ -103,7 +140,7 @@ def load_cifar10(
     folder_name, train_files, test_file, label_key = _LAYOUTS[dataset]
     folder = resolve_data_dir(data_dir) / folder_name
     names = train_files if train else (test_file,)
-    parts = [_read_batch(folder / name, label_key) for name in names]
+    parts = [_read_batch(folder / name, label_key, NUM_CLASSES[dataset]) for name in names]
     images = torch.cat([p[0] for p in parts])
     labels = torch.cat([p[1] for p in parts])
     return images.contiguous(), labels
@@ -155,6 +192,21 @@ def load_splits(
     train_idx, val_idx = train_val_split(labels, val_fraction, seed)
     test_x, test_y = load_cifar10(data_dir, train=False, dataset=dataset)
     return CifarSplits(images[train_idx], labels[train_idx], images[val_idx], labels[val_idx], test_x, test_y)
+
+
+def fingerprint(splits: CifarSplits) -> dict[str, Any]:
+    """What a run was computed on: the split sizes, the sha256 of the test labels and the sha256 of every
+    split's images and labels (recorded in each result, compared by ``--resume``)."""
+    every = hashlib.sha256()
+    for tensor in (splits.train_x, splits.train_y, splits.val_x, splits.val_y, splits.test_x, splits.test_y):
+        every.update(tensor.contiguous().numpy().tobytes())
+    return {
+        "sha256": every.hexdigest(),
+        "test_labels_sha256": hashlib.sha256(splits.test_y.contiguous().numpy().tobytes()).hexdigest(),
+        "train": int(splits.train_y.numel()),
+        "val": int(splits.val_y.numel()),
+        "test": int(splits.test_y.numel()),
+    }
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ checkpoints' state dicts once their ``module.`` prefix is stripped, so :func:`lo
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
@@ -27,7 +28,9 @@ __all__ = [
     "BasicBlock",
     "CifarResNet",
     "build_model",
+    "checkpoint_file",
     "checkpoint_path",
+    "file_sha256",
     "load_model",
     "load_pretrained",
     "load_timm",
@@ -111,7 +114,8 @@ def build_model(name: str, num_classes: int = 10) -> CifarResNet:
 
 
 def checkpoint_path(name: str, data_dir: str | Path | None = None) -> Path:
-    """The checkpoint ``<data_dir>/resnet-cifar10/<name>-*.th``; a clear error when it is missing."""
+    """The checkpoint ``<data_dir>/resnet-cifar10/<name>-*.th``; a clear error when it is missing, or when two
+    files match (``sorted(glob)[0]`` silently picked one)."""
     if name not in DEPTHS:
         raise ValueError(f"unknown model {name!r}; expected one of {sorted(DEPTHS)}")
     folder = resolve_data_dir(data_dir) / CHECKPOINT_DIR
@@ -120,17 +124,76 @@ def checkpoint_path(name: str, data_dir: str | Path | None = None) -> Path:
         raise DataNotFoundError(
             f"no checkpoint {folder / (name + '-*.th')}: download {_CHECKPOINT_SOURCE} into {folder}"
         )
+    if len(found) > 1:
+        raise DataNotFoundError(
+            f"{len(found)} checkpoints match {folder / (name + '-*.th')}: {', '.join(p.name for p in found)}; "
+            f"keep only the one to use (the release file of {_CHECKPOINT_SOURCE})"
+        )
     return found[0]
+
+
+def checkpoint_file(spec: str, data_dir: str | Path | None = None, *, checkpoint: str | None = None) -> Path:
+    """The checkpoint file :func:`load_model` reads for ``spec`` (checked to exist)."""
+    if not spec.startswith("timm:"):
+        return checkpoint_path(spec, data_dir)
+    if checkpoint is None:
+        raise ValueError(f"model {spec!r} needs a 'checkpoint' (path under the data directory)")
+    path = resolve_data_dir(data_dir) / checkpoint
+    if not path.is_file():
+        raise DataNotFoundError(
+            f"no checkpoint {path}: the paper tier needs a CIFAR-100 pretrained timm {spec[5:]} state dict there"
+        )
+    return path
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes (recorded beside each result, compared by ``--resume``)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_state(path: Path) -> dict[str, torch.Tensor]:
+    """The state dict in ``path`` (``state_dict`` entry or the whole payload, ``module.`` prefixes removed); a
+    DataNotFoundError naming the file when it is not a readable torch file or holds no state dict."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, empty or foreign files raise almost anything
+        raise DataNotFoundError(
+            f"checkpoint {path} is not a readable torch file ({type(err).__name__}: {_one_line(err)}); "
+            "download it again"
+        ) from err
+    state = payload.get("state_dict", payload) if isinstance(payload, dict) else payload
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise DataNotFoundError(
+            f"checkpoint {path} holds a {type(state).__name__}, not a state dict of tensors (nor one under "
+            "'state_dict')"
+        )
+    return {key.removeprefix("module."): value for key, value in state.items()}
+
+
+def _load_strict(model: nn.Module, path: Path) -> None:
+    """Load ``path`` into ``model`` strictly; keys or shapes that do not fit are a DataNotFoundError naming it."""
+    try:
+        model.load_state_dict(_read_state(path), strict=True)
+    except RuntimeError as err:
+        raise DataNotFoundError(f"checkpoint {path} does not fit {type(model).__name__}: {_one_line(err)}") from err
+
+
+def _one_line(err: Exception, limit: int = 300) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def load_pretrained(name: str, data_dir: str | Path | None = None) -> CifarResNet:
     """The pretrained CIFAR-10 ``name`` in eval mode, loaded strictly from its checkpoint."""
     path = checkpoint_path(name, data_dir)
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    state = payload.get("state_dict", payload)
-    state = {key.removeprefix("module."): value for key, value in state.items()}
     model = build_model(name)
-    model.load_state_dict(state, strict=True)
+    _load_strict(model, path)
     logger.info("loaded %s from %s", name, path)
     return model.eval()
 
@@ -162,9 +225,7 @@ def load_timm(arch: str, checkpoint: Path, *, num_classes: int, cifar_stem: bool
     if cifar_stem:
         model.conv1 = nn.Conv2d(3, model.conv1.out_channels, 3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    state = state.get("state_dict", state)
-    model.load_state_dict({k.removeprefix("module."): v for k, v in state.items()}, strict=True)
+    _load_strict(model, checkpoint)
     return model.eval()
 
 
@@ -174,8 +235,6 @@ def load_model(
     """``resnet20|32|56`` (pretrained CIFAR-10 checkpoints) or ``timm:<arch>`` with ``checkpoint`` (a path
     relative to the data directory)."""
     if spec.startswith("timm:"):
-        if checkpoint is None:
-            raise ValueError(f"model {spec!r} needs a 'checkpoint' (path under the data directory)")
-        path = resolve_data_dir(data_dir) / checkpoint
+        path = checkpoint_file(spec, data_dir, checkpoint=checkpoint)
         return load_timm(spec.removeprefix("timm:"), path, num_classes=num_classes)
     return load_pretrained(spec, data_dir)

@@ -13,7 +13,7 @@ import io
 import json
 import logging
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from .config import load_recipe
-from .results import load_result_files, prepare_out_dir, write_atomic
+from .plots import plot_samples, plot_series, plot_table1, plot_variants
+from .results import is_result_file, load_result_files, out_dir_path, prepare_out_dir, write_atomic
 
 __all__ = ["build_report", "load_results", "rows", "summaries"]
 
@@ -155,57 +156,6 @@ def _by_inference(group: list[dict]) -> str:
     return _markdown(header, body)
 
 
-def _errorbar(ax, xs: list, group: list[dict], label: str, **kwargs) -> None:
-    ys = [r["drop"] for r in group]
-    err = [[r["drop"] - r["drop_ci"][0] for r in group], [r["drop_ci"][1] - r["drop"] for r in group]]
-    ax.errorbar(xs, ys, yerr=err, capsize=3, label=label, **kwargs)
-
-
-def _plot_table1(ax, primary: list[dict], paper: dict) -> None:
-    for r in primary:
-        _errorbar(ax, [r["rate_paper"]], [r], r["label"], marker="o", linestyle="none")
-    for row in paper.get("rows", []):
-        ax.scatter([row["compression_rate"]], [row["drop"]], marker="x", color="gray")
-        ax.annotate(f"{row['method']} (paper)", (row["compression_rate"], row["drop"]), fontsize=7)
-    ax.set_xlabel("compression rate (paper's formula)")
-
-
-def _plot_samples(ax, group: list[dict], paper: dict) -> None:
-    bayes = sorted((r for r in group if r["inference"] == "bayes"), key=lambda r: r["samples"])
-    _errorbar(ax, [r["samples"] for r in bayes], bayes, "Bayesian averaging (ours)", marker="o")
-    for r in (r for r in group if r["inference"] == "greedy"):
-        ax.axhline(r["drop"], linestyle="--", color="gray", label="greedy (ours)")
-    reported = paper.get("rows", [])
-    if reported:
-        ax.plot(
-            [p["samples"] for p in reported],
-            [p["drop"] for p in reported],
-            "x:",
-            color="gray",
-            label=f"paper, {paper.get('model', '')}",
-        )
-    ax.set_xscale("log")
-    ax.set_xlabel("M (samples)")
-
-
-def _plot_variants(ax, primary: list[dict]) -> None:
-    """One point per labelled variant (its primary evaluation), in recipe order, drop with its interval."""
-    for i, r in enumerate(primary):
-        _errorbar(ax, [i], [r], r["label"], marker="o", linestyle="none")
-    ax.set_xticks(range(len(primary)), [r["label"] for r in primary], rotation=30, ha="right", fontsize=6)
-    ax.set_xlabel("variant")
-
-
-def _plot_series(ax, group: list[dict], x: str, series: str, xlabel: str) -> None:
-    buckets: dict[tuple, list[dict]] = defaultdict(list)
-    for r in group:
-        buckets[(r["model"], r[series])].append(r)
-    for (model, name), members in sorted(buckets.items(), key=lambda kv: str(kv[0])):
-        members.sort(key=lambda r: r[x])
-        _errorbar(ax, [r[x] for r in members], members, f"{model} {name}", marker="o")
-    ax.set_xlabel(xlabel)
-
-
 def _recipe_meta(recipe: str, result: dict) -> dict:
     """Title and substitute label: the packaged recipe's current ones (results of one recipe may have been
     run at different times, when its label said something else), else those stored in the result."""
@@ -241,18 +191,18 @@ def _section(recipe: str, results: list[dict], out_dir: Path) -> str:
     fig, ax = plt.subplots(figsize=(6, 4))
     if kind == "table1":
         table, primary = _table1(group)
-        _plot_table1(ax, primary, paper)
+        plot_table1(ax, primary, paper)
     else:
         table = _by_inference(group)
         if kind == "samples":
-            _plot_samples(ax, group, paper)
+            plot_samples(ax, group, paper)
         elif kind == "variants":
-            _plot_variants(ax, [r for r in group if r["primary"]])
+            plot_variants(ax, [r for r in group if r["primary"]])
         elif kind == "greedy_vs_bayes":
-            _plot_series(ax, [dict(r, K=2 ** r["bits"]) for r in group], "K", "inference", "K (components)")
+            plot_series(ax, [dict(r, K=2 ** r["bits"]) for r in group], "K", "inference", "K (components)")
             ax.set_xscale("log", base=2)
         else:
-            _plot_series(ax, [r for r in group if r["primary"]], "nonzero", "prior", "non-zero rate")
+            plot_series(ax, [r for r in group if r["primary"]], "nonzero", "prior", "non-zero rate")
     ax.set_ylabel("top-1 accuracy drop (points)")
     ax.set_title(meta.get("title") or recipe, fontsize=9)
     ax.legend(fontsize=7)
@@ -324,33 +274,88 @@ def _check_prefix(prefix: Any) -> None:
         )
 
 
+def _machine_line(results: list[dict[str, Any]]) -> str:
+    """The machine of the results; every distinct one, with its thread count and result count, when several
+    computed them (the first result's machine alone was printed for all)."""
+    keys = ("platform", "cpu_count", "torch", "torch_threads")
+    counts = Counter(tuple(r["machine"].get(k) for k in keys) for r in results)
+    if len(counts) == 1:
+        machine = results[0]["machine"]
+        return f"Machine: {machine['platform']}, {machine['cpu_count']} CPUs, torch {machine['torch']}."
+    listed = "; ".join(
+        f"{platform}, {cpus} CPUs, torch {torch}, {'?' if threads is None else threads} torch thread(s) ({n} results)"
+        for (platform, cpus, torch, threads), n in sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0])))
+    )
+    return f"Machines ({len(counts)}, the rows of one table may come from different ones): {listed}."
+
+
+def _summary_names(prefix: str) -> tuple[str, str]:
+    return f"{prefix}.json", f"{prefix}_ablations.json"
+
+
+def _refuse_overwriting_results(out: Path, prefix: str) -> None:
+    """A ValueError if a summary ``<prefix>*.json`` would replace a result file (``--prefix`` set to a run id)."""
+    for name in _summary_names(prefix):
+        if is_result_file(out / name):
+            raise ValueError(
+                f"prefix {prefix!r} would overwrite the result file {out / name} with a summary; choose another"
+            )
+
+
+_PNG_LINK = re.compile(r"!\[[^\]]*\]\(([A-Za-z0-9_][A-Za-z0-9._-]*\.png)\)")
+
+
+def _remove_stale(out: Path, earlier_pngs: set[str], written: set[str], prefix: str) -> None:
+    """Remove what an earlier report in ``out`` wrote that this one does not rewrite: the PNGs its report.md
+    linked and this prefix's summaries (only summaries: never a result or any other file)."""
+    stale = [out / name for name in sorted(earlier_pngs - written) if (out / name).is_file()]
+    for name in _summary_names(prefix):
+        path = out / name
+        if name not in written and path.is_file() and not is_result_file(path) and _is_summary(path):
+            stale.append(path)
+    for path in stale:
+        path.unlink()
+        logger.info("removed %s, left by an earlier report", path)
+
+
+def _is_summary(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and {"git_commits", "machines"} <= set(data)
+
+
 def build_report(results_dir: str | Path, out_dir: str | Path | None = None, *, prefix: str = "results") -> Path:
     """Write ``report.md``, one PNG per recipe, ``<prefix>.json`` (Table 1 rows) and
     ``<prefix>_ablations.json`` into ``out_dir`` (default: ``results_dir``); ``prefix`` is a plain file name
-    (letters, digits, ``.``, ``_``, ``-``; not starting with ``.``), checked before anything is read or written."""
+    (letters, digits, ``.``, ``_``, ``-``; not starting with ``.``), checked before anything is read or written,
+    and refused if a summary would replace a result file. What an earlier report left in ``out_dir`` and this
+    one does not rewrite (its PNGs, this prefix's summaries) is removed."""
     _check_prefix(prefix)
     results = load_results(results_dir)
-    out = prepare_out_dir(out_dir if out_dir is not None else results_dir)
+    out = out_dir_path(out_dir if out_dir is not None else results_dir)
+    _refuse_overwriting_results(out, prefix)
+    out = prepare_out_dir(out)
+    earlier = out / "report.md"
+    earlier_pngs = set(_PNG_LINK.findall(earlier.read_text(errors="replace"))) if earlier.is_file() else set()
     by_recipe: dict[str, list[dict]] = defaultdict(list)
     for result in results:
         by_recipe[result["recipe"]].append(result)
     commits = sorted({str(r["git_commit"]) for r in results})
-    machine = results[0]["machine"]
-    parts = [
-        "# SQS benchmark results",
-        "",
-        f"Commit(s): {', '.join(commits)}. Machine: {machine['platform']}, {machine['cpu_count']} CPUs, "
-        f"torch {machine['torch']}.",
-        "",
-    ]
+    parts = ["# SQS benchmark results", "", f"Commit(s): {', '.join(commits)}. {_machine_line(results)}", ""]
     parts += [_section(recipe, group, out) for recipe, group in sorted(by_recipe.items())]
     path = out / "report.md"
     write_atomic(path, "\n".join(parts))
+    written = {f"{recipe}.png" for recipe in by_recipe}
     table1, ablations = summaries(results)
     # allow_nan=False: a bare NaN is not JSON (the loaded results were checked finite already)
-    if table1["rows"]:
-        write_atomic(out / f"{prefix}.json", json.dumps(table1, indent=1, allow_nan=False) + "\n")
-    if ablations["ablations"]:
-        write_atomic(out / f"{prefix}_ablations.json", json.dumps(ablations, indent=1, allow_nan=False) + "\n")
+    for name, summary, has_rows in zip(
+        _summary_names(prefix), (table1, ablations), (table1["rows"], ablations["ablations"]), strict=True
+    ):
+        if has_rows:
+            write_atomic(out / name, json.dumps(summary, indent=1, allow_nan=False) + "\n")
+            written.add(name)
+    _remove_stale(out, earlier_pngs, written, prefix)
     logger.info("wrote %s (%d results)", path, len(results))
     return path

@@ -21,6 +21,7 @@ from sqs_core import files
 __all__ = [
     "OutputFolderError",
     "ResultFileError",
+    "is_result_file",
     "load_result_files",
     "out_dir_path",
     "prepare_out_dir",
@@ -42,6 +43,8 @@ class ResultFileError(ValueError):
 def out_dir_path(path: str | Path) -> Path:
     """``path`` as a Path, refused if something other than a folder is there or if it is missing and its
     nearest existing parent is a file or not writable; nothing is created (prepare_out_dir does that)."""
+    if not str(path).strip():
+        raise OutputFolderError(f"output folder must be a path, got {str(path)!r} (it would write into the cwd)")
     out = Path(path).expanduser()
     if out.exists() and not out.is_dir():
         raise OutputFolderError(f"output folder {out} is not a folder (it is a file)")
@@ -119,6 +122,11 @@ _EVALUATION = {
     "name": _STR, "inference": _STR, "samples": _OPT_INT, "acc": _NUMBER, "drop": _NUMBER,
     "drop_ci": _INTERVAL, "val_acc": _OPT_NUMBER,
 }  # fmt: skip
+# the keys of the paper's rows a report kind plots (the other kinds only print the rows)
+_PLOTTED_PAPER_KEYS = {
+    "table1": {"method": _STR, "compression_rate": _NUMBER, "drop": _NUMBER},
+    "samples": {"samples": _NUMBER, "drop": _NUMBER},
+}
 # a JSON object with any of these keys is taken for a result (and checked); others are not results
 _RESULT_MARKERS = ("run_id", "metrics", "evaluations", "schema")
 
@@ -153,6 +161,18 @@ def validate_result(result: dict, path: Path) -> None:
     reported = result["paper"].get("rows", [])
     if not isinstance(reported, list) or not all(isinstance(row, dict) for row in reported):
         raise ResultFileError(f"result file {path}: 'paper.rows' must be a list of objects")
+    plotted = _PLOTTED_PAPER_KEYS.get(result["report"].get("kind"), {})
+    for i, row in enumerate(reported):
+        _check(path, row, plotted, f"paper.rows[{i}].")
+
+
+def is_result_file(path: Path) -> bool:
+    """Whether ``path`` holds a JSON object that :func:`load_result_files` would take for a result."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and any(key in data for key in _RESULT_MARKERS)
 
 
 def _read(path: Path) -> dict | None:
@@ -190,6 +210,38 @@ def _check_one_tier_one_result_per_run(found: list[tuple[Path, dict]], results_d
         seen[key] = path
 
 
+def _test_set(result: dict) -> dict[str, Any]:
+    """What must agree between results of one recipe on one model: test count, fp32 accuracy, test labels."""
+    labels = result.get("predictions", {}).get("labels") if isinstance(result.get("predictions"), dict) else None
+    data = result["data"] if isinstance(result.get("data"), dict) else {}
+    return {
+        "metrics.test_images": result["metrics"]["test_images"],
+        "metrics.fp32_acc": result["metrics"]["fp32_acc"],
+        "predictions.labels": labels,
+        "data.test_labels_sha256": data.get("test_labels_sha256"),
+    }
+
+
+def _check_one_test_set_per_model(found: list[tuple[Path, dict]]) -> None:
+    """Refuse a recipe whose results on one model were scored on different test sets (another data folder or
+    checkpoint, e.g. mixed in by ``--resume``): its table would compare drops measured against different
+    things. Fields a result lacks (older results record no data fingerprint) are not compared."""
+    first: dict[tuple[str, str], tuple[Path, dict]] = {}
+    for path, result in found:
+        key, now = (result["recipe"], result["metrics"]["model"]), _test_set(result)
+        if key not in first:
+            first[key] = (path, now)
+            continue
+        other_path, other = first[key]
+        for field, value in now.items():
+            if value is not None and other[field] is not None and value != other[field]:
+                shown = "differ" if field == "predictions.labels" else f"{other[field]!r} vs {value!r}"
+                raise ResultFileError(
+                    f"results of recipe {key[0]!r} on {key[1]} disagree on {field} ({shown}): {other_path} and "
+                    f"{path} were computed on different data or checkpoints; re-run one of them"
+                )
+
+
 def load_result_files(results_dir: str | Path) -> list[dict[str, Any]]:
     """Every result JSON under ``results_dir`` (recursively), validated, of one tier, sorted by run id."""
     folder = Path(results_dir).expanduser()
@@ -200,4 +252,5 @@ def load_result_files(results_dir: str | Path) -> list[dict[str, Any]]:
     if not found:
         raise FileNotFoundError(f"no result JSON files under {folder}")
     _check_one_tier_one_result_per_run(found, folder)
+    _check_one_test_set_per_model(found)
     return sorted((r for _, r in found), key=lambda r: r["run_id"])

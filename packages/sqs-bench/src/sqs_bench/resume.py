@@ -1,22 +1,27 @@
 """``run --resume``: continue an interrupted suite. A run whose result JSON in ``--out`` was written for the same
 tier, schema and configuration is kept (its result read back); a run without one is run (an artifact an
 interrupted run left is replaced); a result of another tier or configuration, or one that cannot be read, is
-refused before any compute, since keeping it would mix two experiments in one table."""
+refused before any compute, since keeping it would mix two experiments in one table. So is a result computed on
+other data or another checkpoint (:func:`check_inputs`: the sha256 fingerprints each result records); a result
+written before those were recorded is kept, with an INFO log saying it could not be compared."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sqs_bench.results import OutputFolderError
 
-__all__ = ["recorded_config", "split_done"]
+__all__ = ["INPUT_FIELDS", "check_inputs", "recorded_config", "split_done"]
 
 logger = logging.getLogger(__name__)
 
 _NOT_RECORDED = ("paper", "report", "meta")
+INPUT_FIELDS = ("data", "checkpoint")
+"""The fields of a result recording what it was computed on, each compared by its ``sha256``."""
 
 
 def recorded_config(config: dict) -> dict[str, Any]:
@@ -67,3 +72,29 @@ def split_done(configs: list[dict], out_dir: Path, *, schema: int) -> tuple[list
         )
     logger.info("--resume: %d of %d runs kept from %s, %d to run", len(kept), len(configs), out_dir, len(todo))
     return kept, todo
+
+
+def check_inputs(kept: list[dict], configs: list[dict], inputs: Callable[[dict], dict[str, dict]]) -> None:
+    """Refuse, naming them, kept results whose recorded data or checkpoint fingerprint differs from what the run
+    would use now (``inputs(config)``, computed only for results that record one)."""
+    by_id = {config["run_id"]: config for config in configs}
+    refused = []
+    for saved in kept:
+        recorded = [field for field in INPUT_FIELDS if isinstance(saved.get(field), dict)]
+        if len(recorded) < len(INPUT_FIELDS):
+            logger.info(
+                "--resume: %s records no %s fingerprint (written before they were recorded); kept uncompared",
+                saved["run_id"],
+                " or ".join(f for f in INPUT_FIELDS if f not in recorded),
+            )
+        now = inputs(by_id[saved["run_id"]]) if recorded else {}
+        for field in recorded:
+            if saved[field].get("sha256") != now[field]["sha256"]:
+                where = f" ({now[field]['path']})" if "path" in now[field] else ""
+                refused.append(f"{saved['run_id']}.json (computed on other {field} than this run's{where})")
+    if refused:
+        shown = "; ".join(refused[:3]) + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")
+        raise OutputFolderError(
+            f"--resume keeps only results computed on the data and checkpoints found now, but {shown}: pass "
+            "--overwrite to replace them, or choose another --out"
+        )

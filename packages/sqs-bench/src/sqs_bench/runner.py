@@ -1,11 +1,13 @@
 """Run a suite of recipes for a tier and write one result JSON per run.
 
 Each result holds the full run config, the seed, the git commit (``git rev-parse HEAD`` or null), a machine
-description, the wall time, the method's record, and ``metrics``: model, method, bits, nonzero,
-compression_rate_paper, compression_rate_file (null without an artifact), fp32_acc, acc, drop (points) and
-drop_ci (paired bootstrap 95% interval), all on the same test images; validation accuracies (a split of the
-training images) are recorded beside them for model selection. ``evaluations`` lists every inference mode
-of the run (SQS: greedy and Bayesian averaging for each M), ``predictions`` the raw test predictions.
+description, the wall time, the method's record, what it was computed on (``data``: split sizes and sha256
+fingerprints, :func:`sqs_bench.data.fingerprint`; ``checkpoint``: path and sha256), and ``metrics``: model,
+method, bits, nonzero, compression_rate_paper, compression_rate_file (null without an artifact), fp32_acc, acc,
+drop (points) and drop_ci (paired bootstrap 95% interval), all on the same test images; validation accuracies
+(a split of the training images) are recorded beside them for model selection. ``evaluations`` lists every
+inference mode of the run (SQS: greedy and Bayesian averaging for each M), ``predictions`` the raw test
+predictions.
 """
 
 from __future__ import annotations
@@ -25,11 +27,19 @@ from torch import nn
 
 from sqs_bench import baselines
 from sqs_bench.config import expand_recipe, load_recipe, load_suite, suite_labels
-from sqs_bench.data import CIFAR10_URL, FULL_SIZES, CifarSplits, DataNotFoundError, load_splits
-from sqs_bench.models import load_model, require_timm
-from sqs_bench.preflight import budget_of, check_run_values
+from sqs_bench.data import (
+    CIFAR10_URL,
+    FULL_SIZES,
+    NUM_CLASSES,
+    CifarSplits,
+    DataNotFoundError,
+    fingerprint,
+    load_splits,
+)
+from sqs_bench.models import checkpoint_file, file_sha256, load_model, load_pretrained, require_timm
+from sqs_bench.preflight import budget_of, check_run_values, check_unique_run_ids
 from sqs_bench.results import OutputFolderError, out_dir_path, prepare_out_dir, write_atomic
-from sqs_bench.resume import recorded_config, split_done
+from sqs_bench.resume import check_inputs, recorded_config, split_done
 from sqs_bench.stats import accuracy, paired_bootstrap_drop_ci
 from sqs_bench.train import predict
 
@@ -44,7 +54,6 @@ _BASELINES: dict[str, tuple[Callable[..., tuple[nn.Module, dict]], tuple[str, ..
     "dgms": (baselines.dgms, ("bits",)),
 }
 METHODS = ("sqs", *_BASELINES)
-_NUM_CLASSES = {"cifar10": 10, "cifar100": 100}
 
 
 def git_commit() -> str | None:
@@ -78,8 +87,9 @@ def machine() -> dict[str, Any]:
 def suite_configs(suite: str, tier: str) -> list[dict[str, Any]]:
     """Every run configuration of ``suite`` for ``tier`` (only its ``labels``, when the suite names some)."""
     labels = suite_labels(suite)
-    configs = [config for name in load_suite(suite) for config in expand_recipe(load_recipe(name), tier)]
-    return [c for c in configs if labels is None or c["label"] in labels]
+    entries = [(name, config) for name in load_suite(suite) for config in expand_recipe(load_recipe(name), tier)]
+    check_unique_run_ids(entries)
+    return [c for _, c in entries if labels is None or c["label"] in labels]
 
 
 def _data(config: dict, data_dir: str | Path | None, cache: dict) -> CifarSplits:
@@ -110,8 +120,9 @@ def _method_of(config: dict) -> tuple[Callable[..., Any], tuple[str, ...]]:
 
 
 def check_requirements(configs: list[dict], data_dir: str | Path | None, cache: dict) -> None:
-    """Fail before any compute if a run's method, values (:mod:`sqs_bench.preflight`), model library or data is
-    missing or wrong; every run's values are checked before any data is read."""
+    """Fail before any compute if a run's method, values (:mod:`sqs_bench.preflight`), model library, data or
+    checkpoint is missing or wrong; every run's values are checked before any data is read, and every run's
+    checkpoint before the first run computes."""
     for config in configs:
         if config["method"] not in METHODS:
             raise ValueError(f"{config['run_id']}: unknown method {config['method']!r}; expected {METHODS}")
@@ -120,6 +131,26 @@ def check_requirements(configs: list[dict], data_dir: str | Path | None, cache: 
         if config["model"].startswith("timm:"):
             require_timm()
         _data(config, data_dir, cache)
+        _checkpoint_record(config, data_dir, cache)
+
+
+def _checkpoint_record(config: dict, data_dir: str | Path | None, cache: dict) -> dict[str, str]:
+    """The path and sha256 of the run's checkpoint (a CIFAR ResNet's is loaded once here, to check it fits)."""
+    path = checkpoint_file(config["model"], data_dir, checkpoint=_checkpoint(config))
+    key = ("checkpoint", str(path))
+    if key not in cache:
+        if not config["model"].startswith("timm:"):
+            load_pretrained(config["model"], data_dir)
+        cache[key] = {"path": str(path), "sha256": file_sha256(path)}
+    return cache[key]
+
+
+def _inputs(config: dict, data_dir: str | Path | None, cache: dict) -> dict[str, dict]:
+    """What the run computes on: the data fingerprint and the checkpoint record."""
+    return {
+        "data": fingerprint(_data(config, data_dir, cache)),
+        "checkpoint": _checkpoint_record(config, data_dir, cache),
+    }
 
 
 def _outputs(config: dict, out_dir: Path) -> list[Path]:
@@ -272,7 +303,8 @@ def run_config(
     commit = _commit(cache)
     torch.manual_seed(config.get("seed", 0))
     data = _data(config, data_dir, cache)
-    num_classes = _NUM_CLASSES[config.get("dataset", "cifar10")]
+    inputs = _inputs(config, data_dir, cache)
+    num_classes = NUM_CLASSES[config.get("dataset", "cifar10")]
     model = load_model(config["model"], data_dir, checkpoint=_checkpoint(config), num_classes=num_classes)
     fp32 = _fp32(config, model, data, cache)
     start = time.perf_counter()
@@ -291,6 +323,7 @@ def run_config(
         "git_commit": commit,
         "machine": machine(),
         "wall_time_s": wall,
+        **inputs,
         "metrics": _metrics(config, record, fp32, primary, len(data.test_y)),
         "evaluations": scored,
         "record": record,
@@ -346,6 +379,7 @@ def run_suite(
         check_outputs(configs, out_dir_path(out_dir), overwrite=overwrite)
     cache: dict = {}
     check_requirements(todo, data_dir, cache)
+    check_inputs(kept, configs, lambda config: _inputs(config, data_dir, cache))
     out = prepare_out_dir(out_dir)
     done = {result["run_id"]: result | {"resumed": True} for result in kept}
     for config in todo:  # with resume, outputs left here are an interrupted run's artifact: replaced

@@ -13,6 +13,7 @@ the artifact's bytes for the compressed tensors).
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import math
 from pathlib import Path
@@ -25,11 +26,39 @@ from torch import nn
 from sqs_bench.data import CifarSplits
 from sqs_bench.train import Budget, fit, predict
 
-__all__ = ["build_config", "run_sqs"]
+__all__ = ["OPTION_TABLES", "build_config", "check_option_tables", "run_sqs"]
 
 logger = logging.getLogger(__name__)
 
 _PRIORS = {"spike_slab": "SpikeSlabPrior", "gaussian": "GaussianPrior"}
+OPTION_TABLES = {
+    "groups": (sqs.param_groups, ("model",)),
+    "objective": (sqs.Objective, ("model", "num_data")),
+    "pruning": (sqs.PruningSchedule, ("model", "target_nonzero", "total_steps")),
+    "gate_schedule": (sqs.GateTemperatureSchedule, ("model", "total_steps")),
+}
+"""Option table of an SQS run -> (the sqs-core callable it goes to, the arguments :func:`run_sqs` passes itself)."""
+
+
+def check_option_tables(options: dict[str, Any]) -> None:
+    """A ValueError naming an option table that is not a table, or a key its sqs-core callable does not take
+    (``objective = {betta = ...}`` was a TypeError after the suite's earlier runs had computed)."""
+    from sqs_bench.preflight import check_learning_rates
+
+    for name, (function, given) in OPTION_TABLES.items():
+        table = options.get(name)
+        if table is None:
+            continue
+        if not isinstance(table, dict):
+            raise ValueError(f"options.{name} must be a table, got {table!r}")
+        parameters = inspect.signature(function).parameters
+        known = sorted(n for n, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in given)
+        unknown = sorted(set(table) - set(known))
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {unknown} in options.{name} (for sqs.{function.__name__}); known: {known}"
+            )
+        check_learning_rates(table, f"options.{name}.")
 
 
 def build_config(knobs: dict[str, Any], *, bits: int, nonzero: float) -> Any:
