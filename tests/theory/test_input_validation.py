@@ -12,7 +12,7 @@ import pytest
 import sqs_theory as st_api
 from hypothesis import given
 from hypothesis import strategies as st
-from sqs_theory import appendix_a, appendix_b, appendix_b_rates, convergence, errata, hellinger, likelihood, rates
+from sqs_theory import appendix_a, appendix_b, appendix_b_rates, hellinger, likelihood, rates
 from sqs_theory.__main__ import main
 from sqs_theory.kl import GaussianMixture
 
@@ -213,18 +213,6 @@ def _fails(capsys, argv: list[str], *needles: str) -> None:
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
     for needle in needles:
         assert needle in err
-
-
-@pytest.fixture
-def no_compute(monkeypatch):
-    """Any compute raises: the CLI must fail on its arguments first."""
-
-    def boom(*_args, **_kwargs):
-        raise AssertionError("computed before the arguments were checked")
-
-    monkeypatch.setattr(convergence, "run_study", boom)
-    monkeypatch.setattr(errata, "build_errata", boom)
-    monkeypatch.setattr("sqs_theory.__main__.all_verdicts", boom)
 
 
 @pytest.mark.parametrize("n_random", ["0", "-3"])

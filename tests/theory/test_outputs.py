@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from sqs_theory import _io, convergence, errata
+from sqs_theory import _io, convergence
 from sqs_theory.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,19 +24,6 @@ def _fails(capsys, argv: list[str], *needles: str) -> str:
     for needle in needles:
         assert needle in err, err
     return err
-
-
-@pytest.fixture
-def no_compute(monkeypatch):
-    """Any compute raises: the CLI must refuse its outputs first."""
-
-    def boom(*_args, **_kwargs):
-        raise AssertionError("computed before the outputs were checked")
-
-    monkeypatch.setattr(convergence, "run_study", boom)
-    monkeypatch.setattr(errata, "build_errata", boom)
-    monkeypatch.setattr("sqs_theory.__main__.all_verdicts", boom)
-    monkeypatch.setattr("sqs_theory.docs.all_verdicts", boom)
 
 
 @pytest.fixture

@@ -64,12 +64,7 @@ def split_done(configs: list[dict], out_dir: Path, *, schema: int) -> tuple[list
             kept.append(saved)
         else:
             refused.append(f"{path.name} ({reason})")
-    if refused:
-        shown = "; ".join(refused[:3]) + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")
-        raise OutputFolderError(
-            f"--resume keeps only results of these runs as configured now, but {out_dir} holds {shown}: pass "
-            "--overwrite to replace them, or choose another --out"
-        )
+    _refuse(refused, f"--resume keeps only results of these runs as configured now, but {out_dir} holds")
     logger.info("--resume: %d of %d runs kept from %s, %d to run", len(kept), len(configs), out_dir, len(todo))
     return kept, todo
 
@@ -92,9 +87,11 @@ def check_inputs(kept: list[dict], configs: list[dict], inputs: Callable[[dict],
             if saved[field].get("sha256") != now[field]["sha256"]:
                 where = f" ({now[field]['path']})" if "path" in now[field] else ""
                 refused.append(f"{saved['run_id']}.json (computed on other {field} than this run's{where})")
+    _refuse(refused, "--resume keeps only results computed on the data and checkpoints found now, but")
+
+
+def _refuse(refused: list[str], lead: str) -> None:
+    """An OutputFolderError ``lead`` + the first three of ``refused`` (and how many more), if any."""
     if refused:
         shown = "; ".join(refused[:3]) + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")
-        raise OutputFolderError(
-            f"--resume keeps only results computed on the data and checkpoints found now, but {shown}: pass "
-            "--overwrite to replace them, or choose another --out"
-        )
+        raise OutputFolderError(f"{lead} {shown}: pass --overwrite to replace them, or choose another --out")
