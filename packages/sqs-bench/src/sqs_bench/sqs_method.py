@@ -16,6 +16,7 @@ import copy
 import inspect
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ __all__ = ["OPTION_TABLES", "build_config", "check_option_tables", "run_sqs"]
 logger = logging.getLogger(__name__)
 
 _PRIORS = {"spike_slab": "SpikeSlabPrior", "gaussian": "GaussianPrior"}
-OPTION_TABLES = {
+OPTION_TABLES: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     "groups": (sqs.param_groups, ("model",)),
     "objective": (sqs.Objective, ("model", "num_data")),
     "pruning": (sqs.PruningSchedule, ("model", "target_nonzero", "total_steps")),
