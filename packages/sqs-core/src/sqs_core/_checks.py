@@ -123,3 +123,16 @@ def check_finite_parameters(name: str, posterior: Any, attrs: tuple[str, ...], c
                 f"the posterior of layer {name!r} holds NaN or inf in {attr} (a non-finite gradient in training?); "
                 f"{consequence}: restore it from a checkpoint"
             )
+
+
+def check_initial_mixture(name: str, posterior: Any) -> None:
+    """A ValueError naming the layer ``name`` where the posterior made from its weights holds NaN or inf: weights so
+    large (beyond ~1e153 in float64) that their K-means spread overflows the dtype; nothing could be trained."""
+    for attr in ("means", "log_stds", "mixing_logits", "gate_logits"):
+        if not all_finite(getattr(posterior, attr)):
+            largest = float(posterior.weight.detach().abs().max())
+            raise ValueError(
+                f"layer {name!r}: its weights (largest magnitude {largest:.3g}) overflow {posterior.weight.dtype} in "
+                f"the initial mixture ({attr} holds NaN or inf); scale the layer's weights down (and its output up) "
+                "before prepare_, or exclude it"
+            )

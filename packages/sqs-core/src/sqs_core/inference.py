@@ -23,8 +23,8 @@ __all__ = ["BayesianAverage", "discrete_posteriors", "greedy_", "sample_", "vari
 
 log = logging.getLogger(__name__)
 
-# a NaN or inf in any of them would make the greedy levels, the draws or the saved codebook NaN
-POSTERIOR_PARAMETERS = ("means", "log_stds", "mixing_logits", "gate_logits")
+# a NaN or inf in any of them would make the greedy levels, the draws or the saved codebook NaN (θ: its bins)
+POSTERIOR_PARAMETERS = ("weight", "means", "log_stds", "mixing_logits", "gate_logits")
 
 
 def _log_revived(posts: dict[str, SpikeGMMPosterior], keep: dict[str, torch.Tensor]) -> None:

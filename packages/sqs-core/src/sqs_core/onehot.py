@@ -64,6 +64,7 @@ __all__ = [
     "bin_of",
     "bin_table",
     "certify_one_hot",
+    "check_finite_range",
     "classify",
     "columns_of",
     "components_of_bins",
@@ -138,8 +139,9 @@ def bin_table(
     if window_ranges is None:
         window_ranges = window_value_ranges(th, window_ids, num_windows)
     lo, hi = float(window_ranges[:, 0].min()), float(window_ranges[:, 1].max())
+    check_finite_range(lo, hi)
     bins = bin_count(th.numel())
-    width = max(hi - lo, 1e-30) / bins
+    width = max(hi / bins - lo / bins, 1e-30 / bins)  # hi − lo can overflow (float64 weights near ±1.8e308)
     edges = lo + width * torch.arange(bins + 1, dtype=torch.float64, device=means.device)
     # each bin is padded by 1% of its width on both sides, so θ rounded into a neighbouring bin stays covered
     left = (edges[:-1] - 0.01 * width).to(means.dtype)
@@ -230,6 +232,16 @@ def _nearby_table(top_indices, bound_rows, near_width, owner, kind, k, dtype):
         need = (top.values > lump_log_density(dtype)).sum(1)  # > NARROW; NEARBY + 1: more than NEARBY matter
         near_width[wide] = wide_widths(need, NARROW, NEARBY)
     return nearby
+
+
+def check_finite_range(low: float, high: float) -> None:
+    """A FloatingPointError where the weights' smallest ``low`` or largest ``high`` is NaN or inf: no bin holds such
+    a weight (a NaN cast to a bin index is undefined: the compiled kernels would read out of bounds)."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise FloatingPointError(
+            f"the weights θ hold NaN or inf (smallest {low}, largest {high}): a diverged training step "
+            "(train_weight=True) or a non-finite checkpoint; restore θ from a checkpoint or lower the learning rate"
+        )
 
 
 def bin_index(theta: torch.Tensor, table: BinTable) -> torch.Tensor:

@@ -95,6 +95,7 @@ class SpikeGMMPosterior(nn.Module):
         # an empty tensor whose dtype is the layer's: model.to(dtype), .float() and .half() move it along
         self.register_buffer("dtype_probe", torch.empty(0, dtype=weight_dtype, device=dev), persistent=False)
         self.config = config
+        self.layer_name = ""  # the model's name for the (first) layer holding it, for messages: set by prepare_
         self.pinned_zero_rows: tuple[int, ...] = ()  # rows of θ (dim 0) that are always pruned: pin_zero_rows_
         self.register_load_state_dict_post_hook(self._pin_after_load)
         self.register_load_state_dict_pre_hook(take_window_count)  # outlier windows: W varies
@@ -262,7 +263,10 @@ class SpikeGMMPosterior(nn.Module):
         flat = (*flat, self.mask.reshape(-1), self.window_ids.reshape(-1))
         component_kl = self.component_kl(log_stds) if with_kl else None
         self._kstar = None  # the last forward's k* (T bytes) is not kept alive beside this one's
-        mean, var, kstar, kl = posterior_moments(flat, self.spec(), second, self._window_ranges(), component_kl)
+        try:
+            mean, var, kstar, kl = posterior_moments(flat, self.spec(), second, self._window_ranges(), component_kl)
+        except FloatingPointError as err:  # onehot.check_finite_range: θ holds NaN or inf
+            raise FloatingPointError(f"layer {self.layer_name or '(unnamed)'!r}: {err}") from None
         self._kstar = kstar
         self._pending_kl = (kl, self._kl_key()) if with_kl else None
         shape = self.weight.shape

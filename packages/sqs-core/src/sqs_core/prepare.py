@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ._checks import F32_STD_MIN, all_finite, check_flag
+from ._checks import F32_STD_MIN, all_finite, check_flag, check_initial_mixture
 from ._coverage import dense_weights, log_dense_weights
 from ._experts import EXPERT_PARALLEL_HINT, is_expert_parallel
 from ._ties import (
@@ -233,6 +233,8 @@ def _wrap(chosen, generator: torch.Generator):
             posterior = shared.get(id(weight))
             if posterior is None:
                 posterior = SpikeGMMPosterior(weight, layer_config, generator=generator)
+                posterior.layer_name = name
+                check_initial_mixture(name, posterior)
                 shared[id(weight)] = posterior
             outer = SQSLayer(outer, posterior, parameter_adapter(adapter, attr))
             created.append(outer)
