@@ -37,12 +37,21 @@ if not FULL_OPTIMISATION:
 
 @pytest.fixture
 def no_compiler(monkeypatch):
-    """``torch.compile`` as on a machine without a C++ compiler: the compiled function raises when called."""
+    """``torch.compile`` as on a machine without a C++ compiler: the compiled function raises inductor's error
+    when called, and no kernel has compiled in this process."""
+    monkeypatch.setattr(torch, "compile", failing_compile(OSError("no C++ compiler")))
+    monkeypatch.setattr(_compiled, "_COMPILED_ONCE", [False])
 
-    def broken(fn, **options):
+
+def failing_compile(cause: Exception):
+    """A stand-in for ``torch.compile`` whose compiled functions raise ``cause`` as inductor reports a failed
+    build: wrapped in an InductorError (a TorchDynamoException), before anything runs."""
+    from torch._inductor.exc import InductorError
+
+    def compile_(fn, **options):
         def run(*args):
-            raise OSError("no C++ compiler")
+            raise InductorError(cause, None)
 
         return run
 
-    monkeypatch.setattr(torch, "compile", broken)
+    return compile_

@@ -47,34 +47,41 @@ class _Kernel:
     ``dynamic``: torch.compile's: True (the default here) compiles one graph for every size; None specialises the
     sizes of the first call and makes a size dynamic once it changes (sqs_core._dense: K stays a constant, so its
     reductions over the components are unrolled into registers instead of loops that recompute their inputs).
-    ``options``: inductor settings for this kernel alone (torch.compile's ``options``), added to :data:`THREADED`."""
+    ``options``: inductor settings for this kernel alone (torch.compile's ``options``), added to :data:`THREADED`.
+    ``eager_reason``: why this kernel runs its body eagerly (a variant failed to compile), or None."""
 
     def __init__(self, fn: Callable[..., Any], dynamic: bool | None = True, options: dict | None = None) -> None:
         self.fn = fn
         self.dynamic = dynamic
         self.options = options
         self.compiled: Callable[..., Any] | None = None
+        self.eager_reason: str | None = None
         self.calls = 0
 
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
-        if args[0].shape[0] < 2:  # dynamic shapes still specialise sizes 0 and 1: a graph each; not worth it
+        if args[0].shape[0] < 2 or self.eager_reason is not None:  # dynamic shapes specialise sizes 0 and 1
             return self.fn(*args)
         args = tuple(_unviewed(a) for a in args)
-        if self.compiled is not None:
-            return self._run(self.compiled, args)
-        log.info("compiling %s with torch.compile (once per process; takes seconds)", self.fn.__name__)
-        settings = {**THREADED, "assert_indirect_indexing": INDEX_CHECKS, **(self.options or {})}
-        known = {k: v for k, v in settings.items() if _known_option(k)}
-        self.compiled = torch.compile(self.fn, dynamic=self.dynamic, fullgraph=True, options=known)
+        if self.compiled is None:
+            log.info("compiling %s with torch.compile (once per process; takes seconds)", self.fn.__name__)
+            settings = {**THREADED, "assert_indirect_indexing": INDEX_CHECKS, **(self.options or {})}
+            known = {k: v for k, v in settings.items() if _known_option(k)}
+            self.compiled = torch.compile(self.fn, dynamic=self.dynamic, fullgraph=True, options=known)
+            if self.compiled is self.fn and self.fn is not _probe:
+                log.warning(
+                    "SQSConfig.compile_kernels=True, but torch.compile is disabled in this process "
+                    "(TORCHDYNAMO_DISABLE=1?): %s runs uncompiled, slower than compile_kernels=False",
+                    self.fn.__name__,
+                )
         try:
-            return self._run(self.compiled, args)
+            out = self._run(self.compiled, args)
         except Exception as exc:
-            self.compiled = None
-            raise RuntimeError(
-                f"SQSConfig.compile_kernels: torch.compile failed on {self.fn.__name__} ({type(exc).__name__}); "
-                "inductor needs a working C++ compiler on CPU. Set compile_kernels=False to train eagerly."
-            ) from exc
+            if not isinstance(exc, _compile_errors()):  # the kernel's own error
+                raise
+            return self._fall_back(exc, args)  # raised before the kernel ran: nothing was written
+        _COMPILED_ONCE[0] = _COMPILED_ONCE[0] or self.compiled is not self.fn
+        return out
 
     @staticmethod
     def _run(compiled: Callable[..., Any], args: tuple) -> Any:
@@ -87,6 +94,37 @@ class _Kernel:
         except torch._dynamo.exc.FailOnRecompileLimitHit:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 return compiled(*args)
+
+    def _fall_back(self, exc: Exception, args: tuple) -> Any:
+        """A variant that did not compile (a failed C++ build, dynamo's recompile limit reached after many
+        configurations in one process): where some kernel has compiled and run in this process, this kernel runs
+        its body eagerly from now on (the same values, slower), with a WARNING; where none has, the compiler does
+        not work here: a RuntimeError naming ``compile_kernels``."""
+        if not _COMPILED_ONCE[0]:
+            self.compiled = None
+            raise RuntimeError(
+                f"SQSConfig.compile_kernels: torch.compile failed on {self.fn.__name__} ({type(exc).__name__}); "
+                "inductor needs a working C++ compiler on CPU. Set compile_kernels=False to train eagerly."
+            ) from exc
+        self.eager_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        log.warning(
+            "SQSConfig.compile_kernels: torch.compile failed on a new variant of %s (%s); this kernel runs eagerly "
+            "from now on in this process (the same results, slower)",
+            self.fn.__name__,
+            self.eager_reason,
+        )
+        return self.fn(*args)
+
+
+def _compile_errors() -> tuple[type[Exception], ...]:
+    """What a compiled call raises when compiling (tracing, lowering, the C++ build) fails, before the kernel runs:
+    inductor's InductorError and BackendCompilerFailed are TorchDynamoExceptions. An error of the kernel itself
+    (an index out of range under INDEX_CHECKS) is none of these and propagates. (A function: importing
+    torch._dynamo at sqs_core's import would cost seconds.)"""
+    return (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit)
+
+
+_COMPILED_ONCE = [False]  # whether some kernel has compiled and run in this process (the compiler works here)
 
 
 def use_compiled(setting: bool | str, weight: torch.Tensor) -> bool:
@@ -103,13 +141,21 @@ _COMPILER_WORKS: bool | None = None  # compiler_works' answer in this process
 
 def compiler_works() -> bool:
     """Whether ``torch.compile`` compiles and runs a small kernel here (once per process; a few seconds the first
-    time). False, with a warning naming the error, where it fails (no C++ compiler, say): ``"auto"`` layers then
-    train eagerly instead of failing."""
+    time). False, with a warning naming the error, where it fails (no C++ compiler, say) or is a no-op
+    (TORCHDYNAMO_DISABLE=1: the kernels' bodies would run uncompiled, slower than the eager path): ``"auto"`` layers
+    then train eagerly instead."""
     global _COMPILER_WORKS
     if _COMPILER_WORKS is None:
         x = torch.arange(4, dtype=torch.float32)
+        probe = _Kernel(_probe)
         try:
-            _COMPILER_WORKS = bool(torch.equal(_Kernel(_probe)(x), _probe(x)))
+            _COMPILER_WORKS = bool(torch.equal(probe(x), _probe(x)))
+            if probe.compiled is _probe:  # torch.compile returned the function itself: a no-op here
+                _COMPILER_WORKS = False
+                log.warning(
+                    "compile_kernels='auto': torch.compile is disabled in this process (TORCHDYNAMO_DISABLE=1?); "
+                    "every layer trains eagerly"
+                )
         except Exception as exc:  # whatever inductor raises (a missing compiler, a broken toolchain): eager
             _COMPILER_WORKS = False
             cause = exc.__cause__ or exc  # _Kernel wraps inductor's error
