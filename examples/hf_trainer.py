@@ -4,7 +4,9 @@
 Copy ``SQSTrainer`` and ``PruningCallback`` into your project (they need transformers and accelerate; sqs-core does
 not depend on either). ``main`` is an offline smoke run: a small GPT-2 built from a config, random tokens, a
 checkpoint, a resume, then the compressed file. Put your model and dataset in their place; for a pretrained model,
-keep the default gate learning rate (1e-4) of the README. tests/integration/test_hf_checkpoints.py runs this file.
+keep this trainer's gate learning rate of 1e-4 (the README example's; the library's default, the appendix's
+0.012, random-walks a pretrained network's gates: docs/method.md, "Schedules").
+tests/integration/test_hf_checkpoints.py runs this file.
 
 Usage: python examples/hf_trainer.py [--out DIR] [--steps N]
 """
