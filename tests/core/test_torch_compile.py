@@ -114,3 +114,36 @@ def test_a_fixed_model_with_substituted_forwards_exports_and_traces(how):
     torch.testing.assert_close(traced(x), model(x), rtol=0, atol=0)
     lstm = model.rnn.base_layer.base_layer  # weight_ih_l0's layer around weight_hh_l0's, around the LSTM
     assert lstm._parameters["weight_ih_l0"] is None and lstm._parameters["weight_hh_l0"] is None
+
+
+def _func_transforms(model, x):
+    """torch.func's transforms over a model: gradients of the parameters, per-sample ones, a batched forward
+    (without gradients), the Jacobian in the input."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, xb):
+        return torch.func.functional_call(model, p, (xb,)).square().mean()
+
+    def batched_forward():
+        with torch.no_grad():
+            return torch.func.vmap(model)(x.unsqueeze(1))
+
+    return {
+        "grad": lambda: torch.func.grad(loss)(params, x),
+        "vmap(grad)": lambda: torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x.unsqueeze(1)),
+        "vmap": batched_forward,
+        "jacrev": lambda: torch.func.jacrev(model)(x[:1]),
+    }
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap(grad)", "vmap", "jacrev"])
+def test_func_transforms_refuse_the_variational_mode_by_name_and_take_fixed_weights(transform):
+    torch.manual_seed(0)
+    model = sqs.prepare_(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)), sqs.SQSConfig(num_components=4))
+    x = torch.randn(5, 4)
+    with pytest.raises(RuntimeError, match=r"torch.func transforms .* fix the weights first"):
+        _func_transforms(model, x)[transform]()
+    sqs.greedy_(model)
+    got = _func_transforms(model, x)[transform]()
+    if transform == "vmap":
+        torch.testing.assert_close(got.squeeze(1), model(x))
