@@ -77,6 +77,8 @@ class MethodCall(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if isinstance(self.module, nn.RNNBase):
             self.module._init_flat_weights()  # the substituted weights (class docstring)
+        if self.method == "forward" and not self.read:
+            return self.module(*args, **kwargs)  # its hooks run, as for a module substituted by functional_call
         found = getattr(self.module, self.method)
         return found if self.read else found(*args, **kwargs)
 

@@ -39,6 +39,7 @@ from ._adapters import (  # also the old names, which pickles of models prepared
     renormalises_rows,
 )
 from ._experts import expert_weights, is_fused_experts
+from ._hooks import refuse_bypassed_hooks
 from ._noise import output_std, weight_noise_std
 from ._subclass_forward import NOT_DEFINED, call_substituted, defined_below, defines_forward, substituting
 from .posterior import SpikeGMMPosterior
@@ -356,6 +357,7 @@ class SQSLayer(nn.Module):
     def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
         """The wrapped module's forward with the posterior's weight; arguments after ``x`` go to the adapter
         (a transposed convolution's ``output_size``, attention's key and value)."""
+        refuse_bypassed_hooks(self.posterior.layer_name, self._bypassed_modules())
         forward, forward_no_bias = self.adapter.forward, self.adapter.forward_no_bias
         if forward is None:
             raise RuntimeError(f"internal: the adapter of {type(self.base_layer).__name__} has no forward")
@@ -368,6 +370,18 @@ class SQSLayer(nn.Module):
         dtype = self.posterior.weight_dtype
         std = output_std(forward_no_bias, self.base_layer, x, var, dtype, self.adapter.square_input, *args, **kwargs)
         return out + std.to(out.dtype) * torch.randn_like(out)
+
+    def _bypassed_modules(self) -> list[nn.Module]:
+        """The modules below this layer that its call does not call (sqs_core._hooks): the wrapped module, or, where
+        the module's own forward runs with its weights substituted, the SQS layers nested inside this one."""
+        forward = self.adapter.forward
+        if not (isinstance(forward, functools.partial) and forward.func is substituted_forward):
+            return [self.base_layer]
+        found, base = [], self.base_layer
+        while isinstance(base, SQSLayer):
+            found.append(base)
+            base = base.base_layer
+        return found
 
     def extra_repr(self) -> str:
         p = self.posterior

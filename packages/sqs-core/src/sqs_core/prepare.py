@@ -19,6 +19,7 @@ from torch.nn.utils import parametrize
 from ._checks import F32_STD_MIN, all_finite, check_flag, check_initial_mixture
 from ._coverage import dense_weights, log_dense_weights
 from ._experts import EXPERT_PARALLEL_HINT, is_expert_parallel
+from ._hooks import hook_kinds
 from ._ties import (
     check_tied_settings,
     check_ties,
@@ -310,9 +311,6 @@ def _check_weight(name: str, module: nn.Module, attr: str) -> None:
         )
 
 
-_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-
-
 def _check_forward(name: str, module: nn.Module) -> None:
     """A ValueError for a layer whose call the SQS layer would not reproduce: SQSLayer computes the layer's
     functional form with the posterior's weight and never calls the module (its hooks); a forward patched onto the
@@ -328,7 +326,7 @@ def _check_forward(name: str, module: nn.Module) -> None:
     adapter = adapter_for(module)
     if adapter is not None and adapter.weight_names is not None:
         return
-    hooks = [kind for kind in _HOOKS if getattr(module, kind, None)]
+    hooks = hook_kinds(module)
     if hooks:
         raise ValueError(
             f"layer {name!r} has hooks ({', '.join(hooks)}) that would never run on the SQS layer: remove them and "
