@@ -377,7 +377,8 @@ class SQSLayer(nn.Module):
         forward = self.adapter.forward
         if not (isinstance(forward, functools.partial) and forward.func is substituted_forward):
             return [self.base_layer]
-        found, base = [], self.base_layer
+        found: list[nn.Module] = []
+        base = self.base_layer
         while isinstance(base, SQSLayer):
             found.append(base)
             base = base.base_layer
