@@ -41,7 +41,15 @@ import torch.nn.functional as F
 from ._autocast import without_autocast
 from ._compiled import _Kernel, _scalar
 from ._fused import _dkl_dlam, _gate_and_kl, _prior_logit, _prior_logs
-from ._gate_terms import _gate_probs, _variance, check_first_order, gate_logit_grad, kl_grad, moments_dlam
+from ._gate_terms import (
+    _gate_probs,
+    _variance,
+    check_first_order,
+    gate_drop,
+    gate_logit_grad,
+    kl_grad,
+    moments_dlam,
+)
 from ._nearby import NearbyTables, TableGradients, cotangents
 from ._one_hot import _flat_index
 from .mixture import PAPER_CLAMP, exp_floor, flush_subnormals
@@ -156,13 +164,13 @@ def _dense_backward_rows(theta, window_ids, gate_logits, mask, kstar, grads, tab
     pairs = _pairs(theta, wid, tables, temperature, kind)
     level_sq = None if gv is None else tables[3][wid]
     m, s = _moments(pairs, level_sq)
-    scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
+    scaled, _, lam = _gate_probs(gate_logits, mask, tau)
     grad_m, grad_s = cotangents(gm, gv, lam, m)
     dlam = moments_dlam(gm, gv, m, s, lam, spike_var)
     kl_table, prior_logit, grad_kl = kl
     if kl_table is not None:
         dlam = dlam + grad_kl * _dkl_dlam(scaled, kl_table[_flat_index(window_ids, kstar, k)], prior_logit)
-    outputs[0].copy_(gate_logit_grad(dlam, lam, lam_raw, tau))
+    outputs[0].copy_(gate_logit_grad(dlam, lam, gate_drop(scaled), tau))
     g_x = _grad_x(pairs, level_sq, m, s, grad_m, grad_s)
     total = None if pairs.a is None else temperature * (pairs.x * g_x).sum(1, keepdim=True)
     if outputs[1] is not None:

@@ -48,6 +48,7 @@ from ._gate_terms import (
     _gate_probs,
     _variance,
     check_first_order,
+    gate_drop,
     gate_logit_grad,
     kl_accumulator,
     kl_grad,
@@ -156,7 +157,7 @@ def _one_hot_backward(
     ∂/∂log σ_{k*} (settled: ∂L/∂s) (float64; None without Var) and λ̃ (float64; None without KL).
     ``grad_var`` None: the plug-in (no Var). ``kl_table`` (flat component KLs): the gate KL's gradients with
     incoming ``grad_kl`` are included, as _gate_kl_backward's; ``prior_logit`` None: no Bernoulli term."""
-    scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
+    scaled, _, lam = _gate_probs(gate_logits, mask, tau)
     flat = _flat_index(window_ids, kstar, k)
     certified = (classes.int() + 1) >> 8  # 1 where classes == CERTIFIED (255), else 0: arithmetic, see _uint8
     settled = _settled(classes.int())
@@ -182,7 +183,7 @@ def _one_hot_backward(
         out_log_std.copy_(d_log_std)
     if kl_table is not None:
         out_lam.copy_(lam)
-    out_gate.copy_(gate_logit_grad(dlam, lam, lam_raw, tau))
+    out_gate.copy_(gate_logit_grad(dlam, lam, gate_drop(scaled), tau))
 
 
 def _gate_kl_sum(gate_logits, mask, window_ids, kstar, component_kl, tau, k, log_keep, log_drop):
@@ -216,9 +217,10 @@ def _gate_terms(gate_logits, mask, tau):
 def _gate_kl_backward(gate_logits, mask, window_ids, kstar, component_kl, tau, k, prior_logit, grad):
     """(flat index, λ̃ as float64, ∂KL/∂s̃) of one chunk, as _gate_kl._gate_kl_chunk_grads (``prior_logit``
     None: no Bernoulli term)."""
-    scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
+    scaled, _, lam = _gate_probs(gate_logits, mask, tau)
     flat = _flat_index(window_ids, kstar, k, torch.int64)
-    return flat, lam.double(), _dkl_dlam(scaled, component_kl[flat], prior_logit) * lam * (1 - lam_raw) * (grad / tau)
+    grads = _dkl_dlam(scaled, component_kl[flat], prior_logit) * lam * gate_drop(scaled) * (grad / tau)
+    return flat, lam.double(), grads
 
 
 def _dkl_dlam(scaled, kl_at, prior_logit):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ._compiled import _Kernel, _scalar
 from ._fused_nearby import lumped_rows, nearby_rows, nearby_rows_vjp
-from ._gate_terms import _gate_probs, _variance, gate_logit_grad, moments_dlam
+from ._gate_terms import _gate_probs, _variance, gate_drop, gate_logit_grad, moments_dlam
 from ._nearby import NearbyTables, lumped_vjp, nearby_moments, nearby_vjp
 from ._one_hot import _flat_index
 from .chunked import recomputed_grads
@@ -149,15 +149,16 @@ def _kl_correction(kl_table, flat, flat_before, lam):
 def _nearby_inputs(u, bins, theta, gate_logits, mask, window_ids, grad_mean, grad_var, nearby, tau):
     """What backward's recomputation of the uncovered weights ``u`` in lumpable bins ``bins`` (as forward found
     them: recomputing them here would chain a gather on θ's, 2× the time) needs, gathered in one kernel:
-    θ, window (int64), λ̃ (masked), λ̃ (raw), ∂L/∂θ^avg, ∂L/∂Var (or None) and the (width, n) flat indices of
-    their bins' nearby components (the (B, width) table ``nearby``)."""
-    _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
+    θ, window (int64), λ̃ (masked), 1 − λ̃ (unmasked: _gate_terms.gate_drop), ∂L/∂θ^avg, ∂L/∂Var (or None) and
+    the (width, n) flat indices of their bins' nearby components (the (B, width) table ``nearby``)."""
+    scaled, _, lam = _gate_probs(gate_logits[u], mask[u], tau)
     flat = torch.stack([nearby[:, c][bins] for c in range(nearby.shape[1])])
     gv = None if grad_var is None else grad_var[u]
-    return theta[u], window_ids[u].long(), lam, lam_raw, grad_mean[u], gv, flat.long()  # int64: scatter_add_'s
+    drop = gate_drop(scaled)
+    return theta[u], window_ids[u].long(), lam, drop, grad_mean[u], gv, flat.long()  # int64: scatter_add_'s
 
 
-def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars, u, grads):
+def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, drop, scalars, u, grads):
     """Backward of uncovered weights in one kernel: their (width, n) columns of the flat (W·K,) ``tables``
     (μ, 1/σ, log π − log σ − ½ log 2π) at the component indices ``flat`` and their windows' ``totals``
     (Σ_k μ_k, Σ_k (μ_k² + σ_k²) or None) gathered inside it (no column is written out), θ^avg (and Var)
@@ -172,7 +173,7 @@ def _nearby_vjp(th, flat, tables, totals, wid, gm, gv, lam, lam_raw, scalars, u,
     columns = (th, mu, inv_std, const, (totals[0][wid], total_sq), lumped, temperature)
     m, s, g_th, g_mu, g_inv, g_const, total_grads = nearby_rows_vjp(*columns, (gm, gv, lam))
     lam64 = lam.double()
-    g_gate = gate_logit_grad(moments_dlam(gm, gv, m, s, lam64, spike_var), lam64, lam_raw, tau).to(th.dtype)
+    g_gate = gate_logit_grad(moments_dlam(gm, gv, m, s, lam64, spike_var), lam64, drop, tau).to(th.dtype)
     # ∂/∂θ below θ's smallest normal number is 0: rounding it to a subnormal costs a microcode assist per vector
     g_th = torch.where(g_th.abs() < torch.finfo(th.dtype).tiny, 0.0, g_th).to(th.dtype)
     _added(u, grads, g_gate, g_th)
@@ -209,13 +210,13 @@ def _rolled_vjp(
     gathers and ∂/∂s̃, ∂/∂s̃ and ∂/∂θ added into ``grads`` (:func:`_added`). Returns (the (width, n) flat component
     indices (int64), the windows (int64), the column gradients and the total gradients as float64)."""
     temperature, tau, k, spike_var = scalars
-    _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
+    scaled, _, lam = _gate_probs(gate_logits[u], mask[u], tau)
     th, wid, gm = theta[u], window_ids[u].long(), grad_mean[u]
     gv = None if grad_var is None else grad_var[u]
     flat = table[bins].t().long()
     nearby = NearbyTables(tuple(tables), totals[0], totals[1], k)
     m, s, g_th, column_grads, total_grads = nearby_vjp(th, wid, flat, nearby, temperature, gm, gv, lam)
-    _added(u, grads, gate_logit_grad(moments_dlam(gm, gv, m, s, lam, spike_var), lam, lam_raw, tau), g_th)
+    _added(u, grads, gate_logit_grad(moments_dlam(gm, gv, m, s, lam, spike_var), lam, gate_drop(scaled), tau), g_th)
     return flat, wid, [g.double() for g in column_grads], [g.double() for g in total_grads]
 
 
@@ -225,13 +226,13 @@ def _lumped_backward(u, gate_logits, mask, window_ids, grad_mean, grad_var, tabl
     ``grad_var``, ∂/∂Σ(μ² + σ²)); ∂/∂θ is 0. ``totals``: the (W,) Σ_k μ_k and Σ_k (μ_k² + σ_k²) or None;
     ``scalars``: τ', K, σ_0²."""
     tau, k, spike_var = scalars
-    _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
+    scaled, _, lam = _gate_probs(gate_logits[u], mask[u], tau)
     wid, lam64 = window_ids[u].long(), lam.double()
     gm, gv = grad_mean[u].double(), (None if grad_var is None else grad_var[u].double())
     nearby = NearbyTables(tuple(tables), totals[0].double(), None if totals[1] is None else totals[1].double(), k)
     m, s, total_grads = lumped_vjp(wid, nearby, gm, gv, lam64)
     dlam = moments_dlam(gm, gv, m, s, lam64, spike_var)
-    _added(u, (g_gate_all, None), gate_logit_grad(dlam, lam64, lam_raw, tau), None)
+    _added(u, (g_gate_all, None), gate_logit_grad(dlam, lam64, gate_drop(scaled), tau), None)
     return wid, *total_grads
 
 
@@ -320,14 +321,15 @@ def block_gradients(param_grads, g_theta, g_gate, u, bins, inputs, leaves, nearb
         return _nearby_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec)
     theta, gate_logits, mask, window_ids, grad_mean, grad_var = inputs
     second, tau = grad_var is not None, spec.gate_temperature
-    _, lam_raw, lam = _gate_probs(gate_logits[u], mask[u], tau)
+    scaled, _, lam = _gate_probs(gate_logits[u], mask[u], tau)
     th, wid, gm, gv = theta[u], window_ids[u].long(), grad_mean[u], (grad_var[u] if second else None)
 
     def evaluate(th_leaf, log_mix):
         return _full_eval(th_leaf, wid, leaves[0], leaves[1], log_mix, spec, second)
 
     m, s = recomputed_grads(param_grads, g_theta, (0, u), leaves, th, evaluate, gm, gv, lam)
-    g_gate.index_add_(0, u, gate_logit_grad(moments_dlam(gm, gv, m, s, lam, spec.spike_variance), lam, lam_raw, tau))
+    dlam = moments_dlam(gm, gv, m, s, lam, spec.spike_variance)
+    g_gate.index_add_(0, u, gate_logit_grad(dlam, lam, gate_drop(scaled), tau))
 
 
 def lumped_gradients(g_gate, u, inputs, table_grads, spec):
@@ -351,12 +353,12 @@ def _nearby_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec):
     if table.shape[1] > UNROLLED_MAX:
         return _rolled_gradients(g_theta, g_gate, u, bins, inputs, nearby, spec)
     tau = _scalar(spec.gate_temperature)
-    th, wid, lam, lam_raw, gm, gv, components = KERNELS["_nearby_inputs"](u, bins, *inputs, table, tau)
+    th, wid, lam, drop, gm, gv, components = KERNELS["_nearby_inputs"](u, bins, *inputs, table, tau)
     tables = table_grads.tables
     lumped = _scalar(float(tables.k - components.shape[0]))
     scalars = (lumped, _scalar(spec.temperature), tau, _scalar(spec.spike_variance))
     totals = [tables.total_mu, tables.total_sq]
-    args = (th, components, list(tables.columns), totals, wid, gm, gv, lam, lam_raw, scalars, u, (g_gate, g_theta))
+    args = (th, components, list(tables.columns), totals, wid, gm, gv, lam, drop, scalars, u, (g_gate, g_theta))
     column_grads = KERNELS["_nearby_vjp"](*args)
     table_grads.add(components, wid, column_grads[:3], column_grads[3:])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ._autocast import without_autocast
-from ._gate_terms import _gate_probs, _kl_gate_grads, _kl_terms_sum, check_first_order
+from ._gate_terms import _gate_probs, _kl_gate_grads, _kl_terms_sum, check_first_order, gate_drop
 from ._index_add import index_add_all
 from ._one_hot import _flat_index
 from .chunked import _chunk_ranges
@@ -77,10 +77,10 @@ def _gate_kl_chunk_sum(gate_logits, component_kl, mask, window_ids, kstar, tau, 
 
 def _gate_kl_chunk_grads(gate_logits, component_kl, mask, window_ids, kstar, tau, prior_keep, grad):
     """One chunk's (flat index w·K + k*, λ̃ as float64, ∂KL/∂s̃): :func:`_kl_gate_grads`."""
-    scaled, lam_raw, lam = _gate_probs(gate_logits, mask, tau)
+    scaled, _, lam = _gate_probs(gate_logits, mask, tau)
     index = _flat_index(window_ids, kstar, component_kl.shape[1], torch.int64)
     ck = component_kl.reshape(-1).index_select(0, index)
-    return index, lam.double(), _kl_gate_grads(scaled, lam_raw, lam, ck, tau, prior_keep, grad)
+    return index, lam.double(), _kl_gate_grads(scaled, gate_drop(scaled), lam, ck, tau, prior_keep, grad)
 
 
 def gate_kl(gate_logits, component_kl, mask, window_ids, kstar, gate_temperature, prior_keep, *, compiled=False):

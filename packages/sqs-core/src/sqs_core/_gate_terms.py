@@ -72,11 +72,18 @@ def moments_dlam(grad_mean, grad_var, m, s, lam, spike_variance):
     return grad_mean * m + grad_var * (s - 2 * lam * m * m - spike_variance)
 
 
-def gate_logit_grad(dlam, lam, lam_raw, tau):
+def gate_drop(scaled):
+    """1 − λ̃ of the unmasked gate, as sigmoid(−ℓ) for ℓ = ``scaled``: 1 − sigmoid(ℓ) rounds to 0 past ℓ ≈ 17 in
+    float32 (16.6: 1 − λ̃ < 2^-24), where ∂λ̃/∂s̃ = λ̃(1 − λ̃)/τ' is still 6.4e-5 at ℓ = 17, and a saturated kept
+    gate's gradient was exactly 0: Adam then stopped moving it, as float64 does not (session 65)."""
+    return torch.sigmoid(-scaled)
+
+
+def gate_logit_grad(dlam, lam, drop, tau):
     """∂L/∂s̃ = ∂L/∂λ̃ λ̃ (1 − λ̃)/τ' for λ̃ = sigmoid(s̃/τ') (eq. lambda-prime), from ∂L/∂λ̃ = ``dlam``, the masked
-    and floored λ̃ (``lam``: 0 where masked, so is the result) and the raw one (:func:`_gate_probs`). The eager
-    backward of :class:`_PosteriorMoments` forms the same product in place, chunk by chunk."""
-    return dlam * lam * (1 - lam_raw) / tau
+    and floored λ̃ (``lam``: 0 where masked, so is the result) and 1 − λ̃ unmasked (``drop``: :func:`gate_drop`).
+    The eager backward of :class:`_PosteriorMoments` forms the same product in place, chunk by chunk."""
+    return dlam * lam * drop / tau
 
 
 def _variance(lam, m, s, spike_variance):
@@ -133,7 +140,8 @@ def kl_dlam(scaled, ck, prior_keep):
     return (scaled - prior_logit(prior_keep)).add_(ck)
 
 
-def _kl_gate_grads(scaled, lam_raw, lam, ck, tau, prior_keep, grad):
-    """∂KL/∂s̃ = (KL_{w,k*} + ℓ − logit λ) λ̃ (1 − λ̃)/τ' times the incoming ``grad``, from ℓ, the raw and masked
-    λ̃ and each weight's component KL ``ck`` (no ℓ − logit λ when ``prior_keep`` is None)."""
-    return kl_dlam(scaled, ck, prior_keep).mul_(lam).mul_(1 - lam_raw).mul_(grad / tau)
+def _kl_gate_grads(scaled, drop, lam, ck, tau, prior_keep, grad):
+    """∂KL/∂s̃ = (KL_{w,k*} + ℓ − logit λ) λ̃ (1 − λ̃)/τ' times the incoming ``grad``, from ℓ, 1 − λ̃ unmasked
+    (:func:`gate_drop`), the masked λ̃ and each weight's component KL ``ck`` (no ℓ − logit λ when ``prior_keep`` is
+    None)."""
+    return kl_dlam(scaled, ck, prior_keep).mul_(lam).mul_(drop).mul_(grad / tau)

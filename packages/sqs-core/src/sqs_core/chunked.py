@@ -23,6 +23,7 @@ from ._gate_terms import (
     _kl_terms_sum,
     _variance,
     check_first_order,
+    gate_drop,
     kl_accumulator,
     kl_dlam,
     kl_grad,
@@ -223,7 +224,7 @@ class _PosteriorMoments(torch.autograd.Function):
         one_hot = OneHotSums(means, log_stds, second, component_kl, g_comp is not None, size)
         for a, b in _chunk_ranges(theta.numel(), 1, theta.device):
             wid = window_ids[a:b]
-            scaled, lam_raw, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
+            scaled, _, lam = _gate_probs(gate_logits[a:b], mask[a:b], spec.gate_temperature)
             gm, gv = grad_mean[a:b], (grad_var[a:b] if second else None)
             m, s, ck = one_hot.add(wid, kstar[a:b], classes[a:b], gm, gv, lam)
             for u, width in blocks.get(a, []):
@@ -243,7 +244,7 @@ class _PosteriorMoments(torch.autograd.Function):
             dlam = moments_dlam(gm, gv, m, s, lam, spec.spike_variance)
             if ck is not None:  # the gate KL's ∂/∂λ̃ joins before the common factor, as the compiled kernel has it
                 dlam.addcmul_(kl_dlam(scaled, ck, spec.prior_keep), grad_kl)
-            dlam.mul_(lam).mul_(1 - lam_raw)  # times λ̃(1 − λ̃)/τ', 0 where masked
+            dlam.mul_(lam).mul_(gate_drop(scaled))  # times λ̃(1 − λ̃)/τ', 0 where masked
             torch.div(dlam, spec.gate_temperature, out=g_gate[a:b])
         one_hot.into(param_grads, g_comp)
         if nearby is not None:
