@@ -63,6 +63,13 @@ def test_lambda_condition_verdicts_on_the_grid():
     assert check_lambda_condition(0.25, delta_s=1.5).holds
 
 
+def test_one_delta_just_above_one_half_holds_though_m_max_starts_below_one():
+    """One constant: M_max = delta·log^(2 delta − 1)(n)·A'/A diverges iff delta > 1/2. At 0.6 it grows on every
+    line but starts below 1 (0.81 at n = 100 on (1, 2, 1, 1)): the Lemma asks for no lower bound."""
+    verdict = check_lambda_condition(0.6)
+    assert verdict.holds and verdict.details["points_M_max_below_1"] > 0
+
+
 @given(g=grid_points(), delta=st.floats(1.0, 3.0))
 def test_rates_relations(g, delta):
     rn = r_n(g.n, g.L, g.N, g.s, g.p)

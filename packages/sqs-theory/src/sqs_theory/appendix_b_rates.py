@@ -49,11 +49,13 @@ def check_lambda_condition(
     """Theorem's ``-log lambda = log T + delta[(L+1) log N + log(sqrt(n) p)]`` vs Lemma ``lmbound1``'s
     ``lambda <= T^-1 exp(-M n r_n / s_n)`` for a diverging ``M``.
 
-    ``M_max(n)`` (the largest admissible ``M``) must grow with ``n`` along every ``(L, N, s, p)`` line and
-    exceed 1; it equals ``delta log^(2 delta_s - 1)(n)`` times a ratio in ``[1, ...)``, with ``delta_s`` the
-    delta of s_n (the paper's: > 1; default ``delta``, one constant). So with one constant it diverges iff
-    ``delta > 1/2`` (where the Lemma, defined for delta > 1, does not reach below 1), and with s_n's own
-    ``delta_s > 1`` for every ``delta > 0`` (erratum B10).
+    ``M_max(n)`` (the largest admissible ``M``) must grow with ``n`` along every ``(L, N, s, p)`` line: the Lemma
+    asks for "any positive diverging sequence", with no lower bound (``points_M_max_below_1`` counts the points
+    below 1, for information: before session 65 they failed a line, so delta = 0.6 was reported as failing
+    although M_max grows on every line). It equals ``delta log^(2 delta_s - 1)(n)`` times a ratio in
+    ``[1, ...)``, with ``delta_s`` the delta of s_n (the paper's: > 1; default ``delta``, one constant). So with
+    one constant it diverges iff ``delta > 1/2``, and with s_n's own ``delta_s > 1`` for every ``delta > 0``
+    (erratum B10).
     """
     lines: dict[tuple[int, int, int, int], list[tuple[float, float]]] = defaultdict(list)
     for g in grid if grid is not None else default_grid():
@@ -64,7 +66,7 @@ def check_lambda_condition(
     for key, pts in lines.items():
         m = np.array([v for _, v in sorted(pts)])
         below_one += int((m < 1).sum())
-        if m.size > 1 and not (np.all(np.diff(m) > 0) and m.min() >= 1):
+        if m.size > 1 and not np.all(np.diff(m) > 0):
             failing += 1
         if m.min() < worst[0]:
             worst = (float(m.min()), key)

@@ -2,9 +2,9 @@
 
 The variational posterior is the paper's spike-and-GMM (eq. ``marginal_vb``) with shared levels
 ``mu_k, sigma_k^2`` and per-weight ``phi_ik`` and ``lambda~_i``.  The expectation is computed exactly by
-enumerating the ``(K + 1)^T`` atoms when every ``sigma_k = 0`` (the inference-time distribution of
-eq. ``infer-theta``), and otherwise by enumerating the discrete choices exactly with Monte Carlo over
-the Gaussian components only (stratified), or by plain Monte Carlo.
+enumerating the ``(K + 1)^T`` atoms when every ``sigma_k = 0`` (q itself, with its random Bernoulli gates: not
+eq. ``infer-theta``, which prunes deterministically by quantile), and otherwise by enumerating the discrete
+choices exactly with Monte Carlo over the Gaussian components only (stratified), or by plain Monte Carlo.
 
 For a linear model ``f(x; theta) = x^T theta`` with Gaussian likelihood the gap is exactly a variance
 term: ``E_q NLL = NLL(theta_avg) + sum_n sum_i x_ni^2 Var_q(theta_i) / (2 sigma_eps^2) >= NLL(theta_avg)``.
