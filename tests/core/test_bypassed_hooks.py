@@ -64,3 +64,13 @@ def test_a_hook_on_the_sqs_layer_itself_runs():
     model = sqs.prepare_(nn.Sequential(nn.Linear(4, 6)), _config())
     sqs.sqs_layers(model)["0"].register_forward_hook(lambda module, args, out: out * 0)
     assert not model(torch.randn(3, 4)).any()
+
+
+def test_the_refusal_names_the_tied_layer_called_not_the_first_of_the_tie():
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"embed": nn.Embedding(10, 4), "head": nn.Linear(4, 10, bias=False)})
+    model["head"].weight = model["embed"].weight
+    sqs.prepare_(model, _config())
+    sqs.sqs_layers(model)["head"].base_layer.register_forward_hook(lambda *args: None)
+    with pytest.raises(ValueError, match=r"the SQS layer 'head' wraps"):
+        model["head"](torch.randn(2, 4))

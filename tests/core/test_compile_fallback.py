@@ -26,10 +26,13 @@ def test_a_variant_that_fails_to_compile_runs_eagerly_with_one_warning(monkeypat
     x, y = torch.arange(6.0), torch.ones(6)
     with caplog.at_level(logging.WARNING, logger="sqs_core._compiled"):
         torch.testing.assert_close(kernel(x, y), x * 2 + 1, rtol=0, atol=0)
-        assert "_double_then_add" in caplog.text and "runs eagerly" in caplog.text and "BlockingIOError" in caplog.text
-        caplog.clear()
+        assert all(word in caplog.text for word in ("_double_then_add", "run it eagerly", "BlockingIOError"))
         torch.testing.assert_close(kernel(x.double(), y.double()), x.double() * 2 + 1, rtol=0, atol=0)
-    assert not caplog.text and kernel.eager_reason is not None and kernel.calls == 2  # warned once
+    assert kernel.calls == 2 and len(kernel.eager_variants) == 2  # each variant warned once, then eager
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sqs_core._compiled"):
+        torch.testing.assert_close(kernel(x + 1, y), x * 2 + 3, rtol=0, atol=0)
+    assert not caplog.text
 
 
 def test_a_kernels_own_error_propagates_and_is_not_taken_for_a_compile_failure(monkeypatch):
@@ -45,7 +48,7 @@ def test_a_kernels_own_error_propagates_and_is_not_taken_for_a_compile_failure(m
     kernel = _compiled._Kernel(_double_then_add)
     with pytest.raises(IndexError, match="out of bounds"):
         kernel(torch.arange(6.0), torch.ones(6))
-    assert kernel.eager_reason is None
+    assert not kernel.eager_variants
 
 
 def _triple(x):
@@ -63,7 +66,11 @@ def test_the_recompile_limit_reached_falls_back_to_the_eager_body(monkeypatch, c
         with caplog.at_level(logging.WARNING, logger="sqs_core._compiled"):
             got = kernel(torch.arange(5, dtype=torch.float64))
     torch.testing.assert_close(got, torch.arange(5, dtype=torch.float64) * 3, rtol=0, atol=0)
-    assert "FailOnRecompileLimitHit" in kernel.eager_reason and "runs eagerly" in caplog.text
+    assert "run it eagerly" in caplog.text
+    (reason,) = kernel.eager_variants.values()
+    assert "FailOnRecompileLimitHit" in reason
+    torch.testing.assert_close(kernel(torch.arange(7.0)), torch.arange(7.0) * 3, rtol=0, atol=0)
+    assert len(kernel.eager_variants) == 1  # the float32 variant stays compiled
 
 
 def test_a_training_step_survives_every_fused_kernel_failing_to_compile(monkeypatch, caplog):
@@ -72,7 +79,7 @@ def test_a_training_step_survives_every_fused_kernel_failing_to_compile(monkeypa
     assert _compiled.compiler_works()
     for kernel in _fused.KERNELS.values():  # compiled earlier in the suite: compile them again, failing
         monkeypatch.setattr(kernel, "compiled", None)
-        monkeypatch.setattr(kernel, "eager_reason", None)
+        monkeypatch.setattr(kernel, "eager_variants", {})
     monkeypatch.setattr(torch, "compile", failing_compile(OSError("simulated C++ build failure")))
 
     def step(compile_kernels):
@@ -101,3 +108,17 @@ def test_auto_stays_eager_where_torch_compile_is_disabled(monkeypatch, caplog):
         assert not _compiled.compiler_works()
     assert "disabled" in caplog.text
     assert not _compiled.use_compiled("auto", torch.empty(_compiled.AUTO_MIN_WEIGHTS))
+
+
+def _mismatched(x, y):
+    return x + y[:3]  # a size mismatch dynamo meets while tracing (TorchRuntimeError), eagerly a RuntimeError
+
+
+def test_an_error_dynamo_meets_while_tracing_is_the_kernels_own_and_marks_nothing(monkeypatch):
+    monkeypatch.setattr(_compiled, "_COMPILED_ONCE", [True])
+    kernel = _compiled._Kernel(_mismatched)
+    with pytest.raises(RuntimeError, match="must match"):
+        kernel(torch.ones(6), torch.ones(6))
+    assert not kernel.eager_variants
+    torch.testing.assert_close(kernel(torch.ones(3), torch.ones(6)), torch.full((3,), 2.0), rtol=0, atol=0)
+    assert not kernel.eager_variants  # compiled, not eager

@@ -73,3 +73,29 @@ def test_inference_names_the_layer_whose_theta_is_not_finite(turn):
         sqs.posteriors(model)["0"].weight[2, 2] = math.nan
     with pytest.raises(ValueError, match=r"layer '0' holds NaN or inf in weight"):
         sqs.greedy_(model) if turn == "greedy" else sqs.BayesianAverage(model, samples=2)
+
+
+def test_the_dense_route_checks_theta_too(monkeypatch):
+    """The compiled route of accelerators (sqs_core._dense) builds no bins: θ is checked before any route."""
+    from sqs_core import _dense
+
+    monkeypatch.setattr(_dense, "dense_route", lambda device: True)
+    model = _trained_theta_model(True)
+    with torch.no_grad():
+        sqs.posteriors(model)["0"].weight[0, 1] = math.inf
+    with pytest.raises(FloatingPointError, match=r"layer '0': the weights θ hold NaN or inf"):
+        model(torch.randn(3, 32))
+
+
+def test_a_posterior_pickled_before_layer_names_runs(tmp_path):
+    """Models pickled before session 65 hold no layer_name: the class default stands in."""
+    model = _trained_theta_model(False)
+    for module in model.modules():
+        module.__dict__.pop("layer_name", None)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert loaded(torch.randn(2, 32)).shape == (2, 4)
+    with torch.no_grad():
+        sqs.posteriors(loaded)["0"].weight[0, 0] = math.nan
+    with pytest.raises(FloatingPointError, match=r"layer '\(unnamed\)'"):
+        loaded(torch.randn(2, 32))

@@ -48,19 +48,22 @@ class _Kernel:
     sizes of the first call and makes a size dynamic once it changes (sqs_core._dense: K stays a constant, so its
     reductions over the components are unrolled into registers instead of loops that recompute their inputs).
     ``options``: inductor settings for this kernel alone (torch.compile's ``options``), added to :data:`THREADED`.
-    ``eager_reason``: why this kernel runs its body eagerly (a variant failed to compile), or None."""
+    ``eager_variants``: the call signatures (:func:`_variant`) whose graph failed to compile, each with the reason:
+    those calls run the body eagerly; the others stay compiled."""
 
     def __init__(self, fn: Callable[..., Any], dynamic: bool | None = True, options: dict | None = None) -> None:
         self.fn = fn
         self.dynamic = dynamic
         self.options = options
         self.compiled: Callable[..., Any] | None = None
-        self.eager_reason: str | None = None
+        self.eager_variants: dict[tuple, str] = {}
         self.calls = 0
 
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
-        if args[0].shape[0] < 2 or self.eager_reason is not None:  # dynamic shapes specialise sizes 0 and 1
+        if args[0].shape[0] < 2:  # dynamic shapes still specialise sizes 0 and 1: a graph each; not worth it
+            return self.fn(*args)
+        if self.eager_variants and _variant(args) in self.eager_variants:
             return self.fn(*args)
         args = tuple(_unviewed(a) for a in args)
         if self.compiled is None:
@@ -97,23 +100,44 @@ class _Kernel:
 
     def _fall_back(self, exc: Exception, args: tuple) -> Any:
         """A variant that did not compile (a failed C++ build, dynamo's recompile limit reached after many
-        configurations in one process): where some kernel has compiled and run in this process, this kernel runs
-        its body eagerly from now on (the same values, slower), with a WARNING; where none has, the compiler does
-        not work here: a RuntimeError naming ``compile_kernels``."""
+        configurations in one process): where some kernel has compiled and run in this process, calls of this
+        signature run the body eagerly from now on (the same formulas, slower), with a WARNING; where none has, the
+        compiler does not work here: a RuntimeError naming ``compile_kernels``. The body runs first: an error of
+        the kernel's own that dynamo met while tracing (a TorchRuntimeError) is raised from it, nothing marked."""
         if not _COMPILED_ONCE[0]:
             self.compiled = None
             raise RuntimeError(
                 f"SQSConfig.compile_kernels: torch.compile failed on {self.fn.__name__} ({type(exc).__name__}); "
                 "inductor needs a working C++ compiler on CPU. Set compile_kernels=False to train eagerly."
             ) from exc
-        self.eager_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        out = self.fn(*args)
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        self.eager_variants[_variant(args)] = reason
         log.warning(
-            "SQSConfig.compile_kernels: torch.compile failed on a new variant of %s (%s); this kernel runs eagerly "
-            "from now on in this process (the same results, slower)",
+            "SQSConfig.compile_kernels: torch.compile failed on a new variant of %s (%s); calls like this one run "
+            "it eagerly from now on in this process (the same results, slower)",
             self.fn.__name__,
-            self.eager_reason,
+            reason,
         )
-        return self.fn(*args)
+        return out
+
+
+def _variant(args: tuple) -> tuple:
+    """What tells a kernel's graphs apart, as far as a call shows it: each tensor's dtype, rank, device and
+    whether it requires grad (sizes are dynamic), the other arguments' values (an int's type only: sizes and
+    offsets vary from call to call), and the grad mode."""
+    return (torch.is_grad_enabled(), *(_signature(a) for a in args))
+
+
+def _signature(value: Any) -> Any:
+    """One argument's part of :func:`_variant`."""
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, value.dim(), value.device.type, value.requires_grad)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *(_signature(v) for v in value))
+    if isinstance(value, (bool, float, str, type(None))):
+        return value
+    return type(value).__name__
 
 
 def _compile_errors() -> tuple[type[Exception], ...]:

@@ -40,7 +40,7 @@ from .chunked import (
 from .config import SpikeSlabPrior, SQSConfig
 from .kmeans import order_keys
 from .mixture import gaussian_kl
-from .onehot import window_value_ranges
+from .onehot import check_finite_range, window_value_ranges
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,8 @@ class SpikeGMMPosterior(nn.Module):
     window_edges: torch.Tensor
     mask: torch.Tensor  # the pruning schedule's hard mask (bool)
     gate_temperature: torch.Tensor  # τ' as a 0-d buffer (halved by GateTemperatureSchedule)
+    layer_name: str = ""  # the model's name for its (first) layer, for messages: set by prepare_ (a class default for
+    # posteriors pickled before session 65)
     settings: torch.Tensor  # the config's settings a load compares (sqs_core._load_settings), JSON as uint8
     sharers: int = 1  # the SQS layers that share this posterior (tied weights); prepare_ sets it
 
@@ -95,7 +97,6 @@ class SpikeGMMPosterior(nn.Module):
         # an empty tensor whose dtype is the layer's: model.to(dtype), .float() and .half() move it along
         self.register_buffer("dtype_probe", torch.empty(0, dtype=weight_dtype, device=dev), persistent=False)
         self.config = config
-        self.layer_name = ""  # the model's name for the (first) layer holding it, for messages: set by prepare_
         self.pinned_zero_rows: tuple[int, ...] = ()  # rows of θ (dim 0) that are always pruned: pin_zero_rows_
         self.register_load_state_dict_post_hook(self._pin_after_load)
         self.register_load_state_dict_pre_hook(take_window_count)  # outlier windows: W varies
@@ -264,7 +265,8 @@ class SpikeGMMPosterior(nn.Module):
         component_kl = self.component_kl(log_stds) if with_kl else None
         self._kstar = None  # the last forward's k* (T bytes) is not kept alive beside this one's
         try:
-            mean, var, kstar, kl = posterior_moments(flat, self.spec(), second, self._window_ranges(), component_kl)
+            ranges = self._window_ranges()  # θ's range checked here, before any route (the dense one has no bins)
+            mean, var, kstar, kl = posterior_moments(flat, self.spec(), second, ranges, component_kl)
         except FloatingPointError as err:  # onehot.check_finite_range: θ holds NaN or inf
             raise FloatingPointError(f"layer {self.layer_name or '(unnamed)'!r}: {err}") from None
         self._kstar = kstar
@@ -284,8 +286,9 @@ class SpikeGMMPosterior(nn.Module):
         key = (self.weight.data_ptr(), self.weight._version, self.weight.device)
         if self._ranges_key != key:
             flat = self.weight.detach().reshape(-1)
-            self._ranges = window_value_ranges(flat, self.window_ids.reshape(-1), self.num_windows)
-            self._ranges_key = key
+            ranges = window_value_ranges(flat, self.window_ids.reshape(-1), self.num_windows)
+            check_finite_range(float(ranges[:, 0].min()), float(ranges[:, 1].max()))
+            self._ranges, self._ranges_key = ranges, key
         return self._ranges
 
     def posterior_mean(self) -> torch.Tensor:
