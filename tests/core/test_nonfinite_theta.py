@@ -92,6 +92,7 @@ def test_a_posterior_pickled_before_layer_names_runs(tmp_path):
     model = _trained_theta_model(False)
     for module in model.modules():
         module.__dict__.pop("layer_name", None)
+        module.__dict__.pop("sqs_name", None)
     torch.save(model, tmp_path / "model.pt")
     loaded = torch.load(tmp_path / "model.pt", weights_only=False)
     assert loaded(torch.randn(2, 32)).shape == (2, 4)

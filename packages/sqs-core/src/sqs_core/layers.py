@@ -234,7 +234,7 @@ def _variational_before_load(layer: SQSLayer, state_dict: dict, prefix: str, *_:
         layer.set_variational()
 
 
-_OWN = frozenset({"base_layer", "posterior", "adapter", "mode", "fixed_weight", "training", "layer_name"})
+_OWN = frozenset({"base_layer", "posterior", "adapter", "mode", "fixed_weight", "training", "sqs_name"})
 
 
 def _compressed_name(layer: nn.Module) -> str | None:
@@ -266,7 +266,8 @@ class SQSLayer(nn.Module):
     """Wraps ``base_layer``; its weight comes from ``posterior`` (shared between tied layers)."""
 
     fixed_weight: torch.Tensor | None  # the concrete weight of the "fixed" mode (greedy or one draw)
-    layer_name: str = ""  # its name in the prepared model (the module's), for messages: set by prepare_
+    sqs_name: str = ""  # its name in the prepared model (the module's), for messages: set by prepare_ (not
+    # layer_name: a wrapped module's own attribute of that name reads through the layer)
 
     def __init__(self, base_layer: nn.Module, posterior: SpikeGMMPosterior, adapter: LayerAdapter) -> None:
         super().__init__()
@@ -358,7 +359,7 @@ class SQSLayer(nn.Module):
     def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
         """The wrapped module's forward with the posterior's weight; arguments after ``x`` go to the adapter
         (a transposed convolution's ``output_size``, attention's key and value)."""
-        refuse_bypassed_hooks(self.layer_name, self._bypassed_modules())
+        refuse_bypassed_hooks(self.sqs_name, self._bypassed_modules())
         forward, forward_no_bias = self.adapter.forward, self.adapter.forward_no_bias
         if forward is None:
             raise RuntimeError(f"internal: the adapter of {type(self.base_layer).__name__} has no forward")

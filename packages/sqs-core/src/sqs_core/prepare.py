@@ -238,7 +238,7 @@ def _wrap(chosen, generator: torch.Generator):
                 check_initial_mixture(name, posterior)
                 shared[id(weight)] = posterior
             outer = SQSLayer(outer, posterior, parameter_adapter(adapter, attr))
-            outer.layer_name = name
+            outer.sqs_name = name
             created.append(outer)
             _pin_padding_row(module, posterior)
         wrappers.append((module, cast(SQSLayer, outer)))
