@@ -98,11 +98,18 @@ def substituted_forward(name: str, base: Any, x: Any, weight: torch.Tensor, *arg
 def _substitutes(name: str, base: Any, weight: torch.Tensor) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """(the innermost wrapped module, {its parameter name: the weight to compute with}) for an SQS layer that
     compresses ``base``'s parameter ``name`` and computes with ``weight``, and for every SQS layer inside it."""
-    weights = {name: weight}
+    nested, innermost = _nested_layers(base)
+    weights = {name: weight, **{layer.adapter.weight_name: layer.forward_weight() for layer in nested}}
+    return innermost, weights
+
+
+def _nested_layers(base: nn.Module) -> tuple[list[SQSLayer], nn.Module]:
+    """(the SQS layers nested from ``base`` inwards, the module innermost): ``base`` itself where it is none."""
+    nested: list[SQSLayer] = []
     while isinstance(base, SQSLayer):
-        weights[base.adapter.weight_name] = base.forward_weight()
+        nested.append(base)
         base = base.base_layer
-    return base, weights
+    return nested, base
 
 
 def _call_substituted(layer: SQSLayer, method: str, read: bool, *args: Any, **kwargs: Any) -> Any:
@@ -115,9 +122,7 @@ def _subclass_attribute(layer: SQSLayer, name: str) -> Any:
     """``layer.name`` for an attribute a subclass of the registered type defines (sqs_core._subclass_forward): a
     method runs, a property is read, with the compressed weights substituted; a static or class method or a
     constant is the subclass's own. ``NOT_DEFINED`` for any other name."""
-    base = layer.base_layer
-    while isinstance(base, SQSLayer):
-        base = base.base_layer
+    base = _nested_layers(layer.base_layer)[1]
     found = defined_below(base, _registered_type(base), name)
     if found is NOT_DEFINED or name == "forward":
         return NOT_DEFINED
@@ -379,12 +384,7 @@ class SQSLayer(nn.Module):
         forward = self.adapter.forward
         if not (isinstance(forward, functools.partial) and forward.func is substituted_forward):
             return [self.base_layer]
-        found: list[nn.Module] = []
-        base = self.base_layer
-        while isinstance(base, SQSLayer):
-            found.append(base)
-            base = base.base_layer
-        return found
+        return list(_nested_layers(self.base_layer)[0])
 
     def extra_repr(self) -> str:
         p = self.posterior

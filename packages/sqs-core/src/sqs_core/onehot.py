@@ -141,8 +141,8 @@ def bin_table(
     lo, hi = float(window_ranges[:, 0].min()), float(window_ranges[:, 1].max())
     check_finite_range(lo, hi)
     bins = bin_count(th.numel())
-    span = hi - lo if math.isfinite(hi - lo) else None  # overflows for float64 weights near ±1.8e308
-    width = max(span, 1e-30) / bins if span is not None else hi / bins - lo / bins
+    span = hi - lo  # overflows for float64 weights near ±1.8e308
+    width = max(span, 1e-30) / bins if math.isfinite(span) else hi / bins - lo / bins
     edges = lo + width * torch.arange(bins + 1, dtype=torch.float64, device=means.device)
     # each bin is padded by 1% of its width on both sides, so θ rounded into a neighbouring bin stays covered
     left = (edges[:-1] - 0.01 * width).to(means.dtype)
