@@ -40,7 +40,7 @@ def no_compiler(monkeypatch):
     """``torch.compile`` as on a machine without a C++ compiler: the compiled function raises inductor's error
     when called, and no kernel has compiled in this process."""
     monkeypatch.setattr(torch, "compile", failing_compile(OSError("no C++ compiler")))
-    monkeypatch.setattr(_compiled, "_COMPILED_ONCE", [False])
+    monkeypatch.setattr(_compiled, "_COMPILED_ONCE", False)
 
 
 def failing_compile(cause: Exception):

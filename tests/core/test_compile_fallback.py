@@ -20,7 +20,7 @@ def _double_then_add(x, y):
 
 
 def test_a_variant_that_fails_to_compile_runs_eagerly_with_one_warning(monkeypatch, caplog):
-    monkeypatch.setattr(_compiled, "_COMPILED_ONCE", [True])  # another kernel compiled: the compiler works here
+    monkeypatch.setattr(_compiled, "_COMPILED_ONCE", True)  # another kernel compiled: the compiler works here
     monkeypatch.setattr(torch, "compile", failing_compile(BlockingIOError(11, "Resource temporarily unavailable")))
     kernel = _compiled._Kernel(_double_then_add)
     x, y = torch.arange(6.0), torch.ones(6)
@@ -36,7 +36,7 @@ def test_a_variant_that_fails_to_compile_runs_eagerly_with_one_warning(monkeypat
 
 
 def test_a_kernels_own_error_propagates_and_is_not_taken_for_a_compile_failure(monkeypatch):
-    monkeypatch.setattr(_compiled, "_COMPILED_ONCE", [True])
+    monkeypatch.setattr(_compiled, "_COMPILED_ONCE", True)
 
     def compile_(fn, **options):
         def run(*args):
@@ -58,11 +58,11 @@ def _triple(x):
 def test_the_recompile_limit_reached_falls_back_to_the_eager_body(monkeypatch, caplog):
     """A real compile: a second dtype is a second graph, past a limit of one (RECOMPILE_LIMIT patched)."""
     monkeypatch.setattr(_compiled, "RECOMPILE_LIMIT", 1)
-    monkeypatch.setattr(_compiled, "_COMPILED_ONCE", [False])
+    monkeypatch.setattr(_compiled, "_COMPILED_ONCE", False)
     kernel = _compiled._Kernel(_triple)
     with torch._dynamo.config.patch(recompile_limit=1):
         torch.testing.assert_close(kernel(torch.arange(5.0)), torch.arange(5.0) * 3, rtol=0, atol=0)
-        assert _compiled._COMPILED_ONCE[0]
+        assert _compiled._COMPILED_ONCE
         with caplog.at_level(logging.WARNING, logger="sqs_core._compiled"):
             got = kernel(torch.arange(5, dtype=torch.float64))
     torch.testing.assert_close(got, torch.arange(5, dtype=torch.float64) * 3, rtol=0, atol=0)
@@ -115,7 +115,7 @@ def _mismatched(x, y):
 
 
 def test_an_error_dynamo_meets_while_tracing_is_the_kernels_own_and_marks_nothing(monkeypatch):
-    monkeypatch.setattr(_compiled, "_COMPILED_ONCE", [True])
+    monkeypatch.setattr(_compiled, "_COMPILED_ONCE", True)
     kernel = _compiled._Kernel(_mismatched)
     with pytest.raises(RuntimeError, match="must match"):
         kernel(torch.ones(6), torch.ones(6))

@@ -83,7 +83,8 @@ class _Kernel:
             if not isinstance(exc, _compile_errors()):  # the kernel's own error
                 raise
             return self._fall_back(exc, args)  # raised before the kernel ran: nothing was written
-        _COMPILED_ONCE[0] = _COMPILED_ONCE[0] or self.compiled is not self.fn
+        if self.compiled is not self.fn:
+            _mark_compiled()
         return out
 
     @staticmethod
@@ -104,7 +105,7 @@ class _Kernel:
         signature run the body eagerly from now on (the same formulas, slower), with a WARNING; where none has, the
         compiler does not work here: a RuntimeError naming ``compile_kernels``. The body runs first: an error of
         the kernel's own that dynamo met while tracing (a TorchRuntimeError) is raised from it, nothing marked."""
-        if not _COMPILED_ONCE[0]:
+        if not _COMPILED_ONCE:
             self.compiled = None
             raise RuntimeError(
                 f"SQSConfig.compile_kernels: torch.compile failed on {self.fn.__name__} ({type(exc).__name__}); "
@@ -148,7 +149,13 @@ def _compile_errors() -> tuple[type[Exception], ...]:
     return (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit)
 
 
-_COMPILED_ONCE = [False]  # whether some kernel has compiled and run in this process (the compiler works here)
+_COMPILED_ONCE = False  # whether some kernel has compiled and run in this process (the compiler works here)
+
+
+def _mark_compiled() -> None:
+    """Record that a compiled kernel ran in this process: from now on a variant that fails to compile falls back."""
+    global _COMPILED_ONCE
+    _COMPILED_ONCE = True
 
 
 def use_compiled(setting: bool | str, weight: torch.Tensor) -> bool:
