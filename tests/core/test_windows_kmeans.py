@@ -191,3 +191,13 @@ def test_weights_finer_than_the_sigma_floor_are_warned_of(caplog):
         sqs.prepare_(model, sqs.SQSConfig(num_components=4))
     warned = [r.getMessage() for r in caplog.records if "finer than the posterior" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith("layer '1'")
+
+
+def test_outlier_windows_use_five_iqr_and_a_closed_lower_tail():
+    """Outlier windows with the paper's literal 5×IQR (not the module's constant): tails [min, q1 − 5 IQR] and
+    [q3 + 5 IQR, max], closed; a value exactly on q1 − 5 IQR belongs to the lower tail."""
+    # q1 = 0, median = 0.5, q3 = 1 by order statistic k = round(q (n − 1)) + 1 on n = 13: IQR 1, edges −5 and 6
+    values = [-7.0, -5.0, -4.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 1.0, 1.0, 6.0, 8.0]
+    ids, edges = assign_windows(torch.tensor(values), "outlier")
+    assert edges.tolist() == [-5.0, 0.5, 6.0]
+    assert ids.tolist() == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3]
