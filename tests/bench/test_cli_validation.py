@@ -151,6 +151,11 @@ def _no_drop_ci(result: dict) -> None:
     del result["metrics"]["drop_ci"]
 
 
+def _reversed_drop_ci(result: dict) -> None:
+    low, high = result["metrics"]["drop_ci"]
+    result["metrics"]["drop_ci"] = [high + 5.0, low]
+
+
 def _acc_string(result: dict) -> None:
     result["evaluations"][0]["acc"] = "92"
 
@@ -164,6 +169,7 @@ def _metrics_list(result: dict) -> None:
     [
         (_nan_acc, "'metrics.acc' must be a finite number"),
         (_no_drop_ci, "missing key 'metrics.drop_ci'"),
+        (_reversed_drop_ci, "'metrics.drop_ci' must be a [low, high] pair of finite numbers with low <= high"),
         (_acc_string, "'evaluations[0].acc' must be a finite number"),
         (_metrics_list, "'metrics' must be an object"),
     ],

@@ -89,7 +89,7 @@ def is_integer(value: Any) -> bool:
 
 
 def _interval(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(map(is_finite_number, value))
+    return isinstance(value, list) and len(value) == 2 and all(map(is_finite_number, value)) and value[0] <= value[1]
 
 
 def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -105,7 +105,7 @@ _STR: _Check = ("a string", lambda v: isinstance(v, str))
 _OPT_STR: _Check = ("a string or null", lambda v: v is None or isinstance(v, str))
 _OBJECT: _Check = ("an object", lambda v: isinstance(v, dict))
 _LIST: _Check = ("a non-empty list", lambda v: isinstance(v, list) and len(v) > 0)
-_INTERVAL: _Check = ("a [low, high] pair of finite numbers", _interval)
+_INTERVAL: _Check = ("a [low, high] pair of finite numbers with low <= high", _interval)
 
 _RESULT = {
     "run_id": _STR, "recipe": _STR, "tier": _STR, "label": _STR, "git_commit": _OPT_STR, "wall_time_s": _NUMBER,
