@@ -78,3 +78,20 @@ def test_far_narrow_bins_settle_and_others_do_not():
     assert _settle_one([0.0, 1.0, 3.0, 7.0], [-4.0] * 4, [0, 1, 2, 3], 0.2, 0.21) == (0, {0})
     assert _settle_one([0.0, 1.0, 3.0, 7.0], [-4.0] * 4, [1, 0, 2, 3], 0.3, 0.5) == (-1, {0, 1})
     assert _settle_one([0.0, 0.45], [0.0, -4.6], [0, 1, 0, 1], 0.4, 0.6) == (-1, {0, 1})
+
+
+def test_a_lead_below_the_dtypes_rounding_does_not_settle():
+    """Two components with the same μ and σ whose constants differ by one float32 ulp: in exact arithmetic the second
+    wins everywhere, but q ≈ −3.5 in the bin rounds both to the same float32, and the scan's first-of-equal argmax
+    then picks the first column. A bin is settled only where the lead exceeds the rounding margin (SETTLE_ULPS):
+    here it must not be (session 66: the margin set to 0 survived every other test)."""
+    tables = (
+        torch.zeros(2, dtype=torch.float32),
+        torch.ones(2, dtype=torch.float32),
+        torch.tensor([1.0 - 2.0**-24, 1.0], dtype=torch.float32),
+    )
+    flat = torch.tensor([0, 1, 0, 1])
+    low, high = torch.tensor([3.0], dtype=torch.float64), torch.tensor([3.01], dtype=torch.float64)
+    theta = (torch.linspace(0, 1, 1001, dtype=torch.float64) * 0.01 + 3.0).to(torch.float32)
+    assert set(_scan_argmax(theta, flat, tables)[0].tolist()) == {0}  # the float32 scan: the first column
+    assert int(settled_columns(flat[None], tables, low, high, torch.float32)[0]) == -1
