@@ -5,20 +5,10 @@ percentile interval's ends are binomial quantiles (n = 26, a = 12: every end is 
 a jump of the CDF, ~9 standard errors at 20,000 resamples). Gaps: the quantile level (a 90% interval labelled
 95%), an image never drawn (off-by-one in randint), and more resamples drawn than asked."""
 
-import math
-
 import pytest
 import torch
+from exact_bootstrap import binomial_quantile
 from sqs_bench.stats import paired_bootstrap_drop_ci
-
-
-def _binom_quantile(n: int, p: float, q: float) -> int:
-    c = 0.0
-    for k in range(n + 1):
-        c += math.comb(n, k) * p**k * (1 - p) ** (n - k)
-        if c >= q:
-            return k
-    return n
 
 
 def _pair(n: int, lost: list[int]):
@@ -35,8 +25,8 @@ def test_interval_ends_are_the_exact_bootstrap_quantiles(level):
     labels, ref, comp = _pair(n, list(range(a)))
     lo, hi = paired_bootstrap_drop_ci(labels, ref, comp, resamples=20_000, level=level, seed=3)
     tail = (1 - level) / 2
-    assert lo == pytest.approx(100 * _binom_quantile(n, a / n, tail) / n)
-    assert hi == pytest.approx(100 * _binom_quantile(n, a / n, 1 - tail) / n)
+    assert lo == pytest.approx(100 * binomial_quantile(n, a / n, tail) / n)
+    assert hi == pytest.approx(100 * binomial_quantile(n, a / n, 1 - tail) / n)
 
 
 def test_every_image_can_be_drawn():

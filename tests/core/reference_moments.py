@@ -1,5 +1,6 @@
 """A small float64 eager posterior and its φ, m = Σ φ μ and s = Σ φ (μ² + σ²) written out from the paper's formulas,
-for tests that check sqs-core's moments against an independent reference (tests/core/test_posterior_reference.py)."""
+for tests that check sqs-core's moments against an independent reference (test_posterior.py,
+test_posterior_reference.py)."""
 
 import math
 
@@ -10,12 +11,13 @@ from sqs_core.mixture import log_responsibilities
 from sqs_core.posterior import SpikeGMMPosterior
 
 
-def posterior(shape=(24, 17), k=4, seed=0, **kw):
+def posterior(shape=(24, 17), k=4, windows="outlier", seed=0, **kw):
+    """A float64 posterior of a (24, 17) weight with three outliers (so the tail windows exist), its gates and
+    parameters spread away from their init and every fifth weight pruned."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(*shape, generator=g) * 0.1
     w.view(-1)[:3] = torch.tensor([2.0, -1.5, 1.2])
-    kw.setdefault("compile_kernels", False)
-    config = sqs.SQSConfig(num_components=k, windows="outlier", **kw)
+    config = sqs.SQSConfig(num_components=k, windows=windows, **kw)
     p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(seed)).double()
     with torch.no_grad():
         p.gate_logits.add_(torch.randn(p.gate_logits.shape, generator=g, dtype=torch.float64) * 0.02)

@@ -5,40 +5,21 @@ import math
 import pytest
 import sqs_core as sqs
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_moments import phi_m_s
+from reference_moments import posterior as _posterior
 from sqs_core import _one_hot, chunked
-from sqs_core.mixture import bernoulli_kl, gaussian_kl, log_responsibilities
+from sqs_core.mixture import bernoulli_kl, gaussian_kl
 from sqs_core.onehot import lump_log_density
-from sqs_core.posterior import SpikeGMMPosterior, sampling_probs
+from sqs_core.posterior import sampling_probs
 from uncovered import evaluated_components, log_densities64
-
-
-def _posterior(shape=(24, 17), k=4, windows="outlier", seed=0, **kw):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(*shape, generator=g) * 0.1
-    w.view(-1)[:3] = torch.tensor([2.0, -1.5, 1.2])  # outliers, so the tail windows exist
-    config = sqs.SQSConfig(num_components=k, windows=windows, **kw)
-    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(seed)).double()
-    with torch.no_grad():  # spread the gates and parameters away from their init
-        p.gate_logits.add_(torch.randn(p.gate_logits.shape, generator=g, dtype=torch.float64) * 0.02)
-        p.log_stds.add_(0.5)
-        p.mask.view(-1)[::5] = False
-    return p
 
 
 def _reference(p, second):
     """Every quantity with plain autograd over (T, K) tensors."""
-    th = p.weight.reshape(-1)
-    wid = p.window_ids.reshape(-1).long()
-    log_mix = F.log_softmax(p.mixing_logits, -1)
-    q = log_mix[wid] - p.log_stds[wid] - 0.5 * math.log(2 * math.pi)
-    q = q - 0.5 * ((th[:, None] - p.means[wid]) * torch.exp(-p.log_stds[wid])) ** 2
-    phi = log_responsibilities(q, p.config.responsibility, p.config.temperature).exp()
+    phi, m, s = phi_m_s(p)
     lam = torch.sigmoid(p.gate_logits.reshape(-1) / p.gate_temperature) * p.mask.reshape(-1)
-    m = (phi * p.means[wid]).sum(-1)
-    s = (phi * (p.means[wid] ** 2 + torch.exp(2 * p.log_stds[wid]))).sum(-1)
     var = lam * s - (lam * m) ** 2 + (1 - lam) * p.spec().spike_variance
     return lam * m, var, phi
 

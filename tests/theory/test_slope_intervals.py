@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from exact_bootstrap import binomial_quantile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -37,15 +38,6 @@ def test_fit_slope_is_ols_with_its_t_interval_and_r2(noise, level):
     assert fit["num_points"] == x.size
 
 
-def _binom_quantile(n: int, p: float, q: float) -> int:
-    c = 0.0
-    for k in range(n + 1):
-        c += math.comb(n, k) * p**k * (1 - p) ** (n - k)
-        if c >= q:
-            return k
-    return n
-
-
 @pytest.mark.parametrize("level", [0.95, 0.90])
 def test_bootstrap_interval_ends_are_the_exact_bootstrap_quantiles(level):
     m, a, n1, n2 = 26, 12, 10.0, 1000.0
@@ -54,8 +46,8 @@ def test_bootstrap_interval_ends_are_the_exact_bootstrap_quantiles(level):
     lo, hi = bootstrap_slope_ci(ns, values, level=level, resamples=20_000, seed=5)
     tail = (1 - level) / 2
     scale = math.log(n2 / n1)
-    assert lo == pytest.approx(_binom_quantile(m, a / m, tail) / m / scale, abs=1e-9)
-    assert hi == pytest.approx(_binom_quantile(m, a / m, 1 - tail) / m / scale, abs=1e-9)
+    assert lo == pytest.approx(binomial_quantile(m, a / m, tail) / m / scale, abs=1e-9)
+    assert hi == pytest.approx(binomial_quantile(m, a / m, 1 - tail) / m / scale, abs=1e-9)
 
 
 def test_fit_slope_needs_three_points():

@@ -6,36 +6,25 @@ Gaps: the MC se divided by m instead of sqrt(m); p_a in place of p_a^2 (se ~2x t
 check_plugin_linear's 6 se agreement) passed."""
 
 import numpy as np
-from sqs_theory.likelihood import SpikeGMMPosterior, expected_nll_stratified, linear_predict
+import pytest
+from sqs_theory.likelihood import SpikeGMMPosterior, expected_nll_mc, expected_nll_stratified, linear_predict
 
 
-def test_reported_se_matches_the_spread_over_seeds():
+@pytest.mark.parametrize(
+    ("estimator", "sizes", "seed"),
+    [(expected_nll_stratified, {"n_per_atom": 50}, 0), (expected_nll_mc, {"n_samples": 100}, 1)],
+    ids=["stratified", "monte-carlo"],
+)
+def test_reported_se_matches_the_spread_over_seeds(estimator, sizes, seed):
     post = SpikeGMMPosterior(
         lam_tilde=np.array([0.6, 0.5]),
         phi=np.array([[0.5, 0.5], [0.3, 0.7]]),
         mu=np.array([-1.0, 1.5]),
         var=np.array([0.3, 0.2]),
     )
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     X, y = rng.normal(size=(3, 2)), rng.normal(size=3)
-    runs = [expected_nll_stratified(post, linear_predict, X, y, 0.5, n_per_atom=50, seed=s) for s in range(300)]
-    est, se = np.array([r[0] for r in runs]), np.array([r[1] for r in runs])
-    ratio = float(np.mean(se)) / float(np.std(est, ddof=1))
-    assert 0.8 < ratio < 1.2, ratio
-
-
-def test_monte_carlo_se_matches_the_spread_over_seeds():
-    from sqs_theory.likelihood import expected_nll_mc
-
-    post = SpikeGMMPosterior(
-        lam_tilde=np.array([0.6, 0.5]),
-        phi=np.array([[0.5, 0.5], [0.3, 0.7]]),
-        mu=np.array([-1.0, 1.5]),
-        var=np.array([0.3, 0.2]),
-    )
-    rng = np.random.default_rng(1)
-    X, y = rng.normal(size=(3, 2)), rng.normal(size=3)
-    runs = [expected_nll_mc(post, linear_predict, X, y, 0.5, n_samples=100, seed=s) for s in range(300)]
+    runs = [estimator(post, linear_predict, X, y, 0.5, **sizes, seed=s) for s in range(300)]
     est, se = np.array([r[0] for r in runs]), np.array([r[1] for r in runs])
     ratio = float(np.mean(se)) / float(np.std(est, ddof=1))
     assert 0.8 < ratio < 1.2, ratio
