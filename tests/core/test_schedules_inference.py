@@ -189,6 +189,17 @@ def test_the_sampled_bracket_is_refused_where_it_misses_and_the_mask_stays_exact
         assert [c for c in calls if c > 2 * selection.SAMPLE] == [n, n, n]  # the bracket's kthvalues: on the sample
 
 
+@pytest.mark.parametrize(("low", "high"), [(4000.0, 4500.0), (4000.0, 4000.0), (3000.0, 3998.0)])
+def test_a_bracket_that_just_misses_the_threshold_is_refused(monkeypatch, low, high):
+    """Keeping 1,000 of 0..4999 prunes the 4,000 smallest: the threshold is 3999. A bracket starting at 4000 has
+    exactly rank = 4000 keys below it (the threshold among them), one of a single value 4000 likewise, and one ending at
+    3998 has the threshold above it: each is refused (then an open bracket) and the mask stays exact (session 66:
+    the count test `below < rank` loosened to `<=` survived the other tests; the first case catches it)."""
+    monkeypatch.setattr(selection, "_bracket", lambda keys, rank: (torch.tensor(low), torch.tensor(high)))
+    scores = torch.randperm(5000, generator=torch.Generator().manual_seed(0)).float()
+    assert torch.equal(selection._keep_top(scores, 1000), scores >= 4000)
+
+
 @pytest.mark.parametrize(
     ("scores", "message"),
     [
