@@ -6,26 +6,14 @@ forward sums it and as the stand-alone kernel sums it again, and its gradient w.
 import pytest
 import sqs_core as sqs
 import torch
-from sqs_core.posterior import SpikeGMMPosterior
+from reference_moments import posterior
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def _posterior(compiled, keep_prob):
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(24, 17, generator=g) * 0.1
-    config = sqs.SQSConfig(
-        num_components=4,
-        windows="none",
-        temperature=5e-3,
-        prior=sqs.SpikeSlabPrior(keep_prob=keep_prob),
-        compile_kernels=compiled,
-    )
-    p = SpikeGMMPosterior(w, config, generator=torch.Generator().manual_seed(0)).double()
-    with torch.no_grad():
-        p.gate_logits.add_(torch.randn(p.gate_logits.shape, generator=g, dtype=torch.float64) * 0.02)
-        p.mask.view(-1)[::5] = False
-    return p
+    prior = sqs.SpikeSlabPrior(keep_prob=keep_prob)
+    return posterior(windows="none", temperature=5e-3, prior=prior, compile_kernels=compiled)
 
 
 @pytest.mark.parametrize("keep_prob", [0.2, 0.9])

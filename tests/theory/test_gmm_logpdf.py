@@ -9,23 +9,11 @@ from scipy import integrate, stats
 from scipy.special import logsumexp
 from sqs_theory.kl import GaussianMixture
 
-finite = st.floats(-3, 3)
-variance = st.floats(1e-2, 4)
+from .strategies import gaussian_mixtures
 
 
-@st.composite
-def mixtures(draw):
-    k = draw(st.integers(1, 4))
-    w = np.array(draw(st.lists(st.floats(0.05, 1), min_size=k, max_size=k)))
-    return GaussianMixture(
-        weights=w / w.sum(),
-        means=np.array(draw(st.lists(finite, min_size=k, max_size=k))),
-        variances=np.array(draw(st.lists(variance, min_size=k, max_size=k))),
-    )
-
-
-@settings(max_examples=40, deadline=None, derandomize=True)
-@given(mixtures(), st.lists(st.floats(-6, 6), min_size=1, max_size=5))
+@settings(max_examples=40)
+@given(gaussian_mixtures(), st.lists(st.floats(-6, 6), min_size=1, max_size=5))
 def test_logpdf_is_the_log_of_the_weighted_normal_densities(mix, xs):
     x = np.array(xs)
     terms = [
